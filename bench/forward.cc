@@ -1,0 +1,108 @@
+// bench/forward: single-stream prefill and decode speed of the forward pass. One JSON line per
+// prompt length: prefill tokens/s over the whole prompt, then decode tokens/s over
+// --decode_tokens greedy steps after it (so the 2048 line is decode at a 2048-token context).
+// Prompts are pseudo-random token ids, as llama-bench uses; timings are best of --reps.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/compute/session.h"
+#include "common/util/thread_pool.h"
+
+ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
+ABSL_FLAG(std::string, precision, "bf16", "fp32 | bf16");
+ABSL_FLAG(std::string, lengths, "128,512,2048", "prompt lengths");
+ABSL_FLAG(int, decode_tokens, 128, "greedy tokens decoded after each prompt");
+ABSL_FLAG(int, reps, 2, "repetitions (best is reported)");
+ABSL_FLAG(int, chunk, 2048, "prefill chunk size");
+
+namespace tripod {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int Argmax(const std::vector<float>& v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+int Run() {
+  SessionOptions o;
+  o.model_path = absl::GetFlag(FLAGS_model);
+  o.precision = absl::GetFlag(FLAGS_precision);
+  o.prefill_chunk = absl::GetFlag(FLAGS_chunk);
+  std::vector<int> lengths;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_lengths), ',')) {
+    int n;
+    if (absl::SimpleAtoi(s, &n) && n > 0) lengths.push_back(n);
+  }
+  const int decode = absl::GetFlag(FLAGS_decode_tokens);
+  o.context_tokens = *std::max_element(lengths.begin(), lengths.end()) + decode + 1;
+  auto session = Session::Open(o);
+  if (!session.ok()) {
+    std::fprintf(stderr, "forward: %s\n", session.status().ToString().c_str());
+    return 1;
+  }
+  Session& s = **session;
+  const int vocab = s.model().config.vocab_size;
+  std::mt19937 rng(1234);
+  std::uniform_int_distribution<int> tok(100, vocab - 1);
+  {  // Warm-up: prepares (prepacks) the GEMM weights, outside the timings.
+    std::vector<int32_t> warm(64);
+    for (int32_t& t : warm) t = tok(rng);
+    s.Truncate(0);
+    if (!s.Append(warm).ok()) return 1;
+    if (!s.Append({warm[0]}).ok()) return 1;
+  }
+  for (int n : lengths) {
+    std::vector<int32_t> prompt(n);
+    for (int32_t& t : prompt) t = tok(rng);
+    double best_prefill = 1e30, best_decode = 1e30;
+    for (int rep = 0; rep < std::max(1, absl::GetFlag(FLAGS_reps)); ++rep) {
+      s.Truncate(0);
+      const auto t0 = Clock::now();
+      auto logits = s.Append(prompt);
+      const auto t1 = Clock::now();
+      if (!logits.ok()) {
+        std::fprintf(stderr, "forward: %s\n", logits.status().ToString().c_str());
+        return 1;
+      }
+      int next = Argmax(*logits);
+      for (int i = 0; i < decode; ++i) {
+        auto l = s.Append({next});
+        if (!l.ok()) return 1;
+        next = Argmax(*l);
+      }
+      const auto t2 = Clock::now();
+      best_prefill = std::min(best_prefill, Seconds(t0, t1));
+      best_decode = std::min(best_decode, Seconds(t1, t2));
+    }
+    std::printf(
+        "{\"bench\":\"forward\",\"model\":\"%s\",\"backend\":\"%s\",\"precision\":\"%s\","
+        "\"threads\":%d,\"prompt_tokens\":%d,\"prefill_s\":%.4f,\"prefill_tok_s\":%.1f,"
+        "\"decode_tokens\":%d,\"decode_tok_s\":%.1f}\n",
+        s.model().gguf->path().c_str(), s.backend().name().c_str(), o.precision.c_str(),
+        ComputeThreads(), n, best_prefill, n / best_prefill, decode, decode / best_decode);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tripod
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_threads) > 0) tripod::SetComputeThreads(absl::GetFlag(FLAGS_threads));
+  return tripod::Run();
+}

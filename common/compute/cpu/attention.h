@@ -1,0 +1,37 @@
+// Causal attention over the KV cache on the CPU: tiled, online softmax, grouped-query heads.
+// Never materialises the n x n score matrix. The same kernel serves prefill (many queries per
+// sequence) and decode (one query per sequence, many sequences).
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "common/kv/kv_layout.h"
+
+namespace tripod {
+
+struct AttentionArgs {
+  const float* q = nullptr;  // [n_q, n_heads * head_dim], RoPE applied, rows q_stride apart
+  int64_t q_stride = 0;
+  int n_q = 0;     // queries (new tokens) of this sequence
+  int n_past = 0;  // cache slots before the first query; query i sees slots
+                   // [0, n_past + i] (its own K/V already written at slot n_past + i)
+  int n_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 0;  // usually 1 / sqrt(head_dim)
+  KvLayerRef kv;
+  float* out = nullptr;  // [n_q, n_heads * head_dim], rows out_stride apart
+  int64_t out_stride = 0;
+};
+
+// Runs every sequence's attention; work is split over (sequence, kv head, query tile) on the
+// compute threads.
+void AttentionCpu(std::span<const AttentionArgs> seqs);
+
+// Writes n rows of K and V (fp32, [n, n_kv_heads * head_dim], rows `stride` apart) into slots
+// [slot_begin, slot_begin + n) of kv, converting to kv.dtype.
+void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_heads, int head_dim,
+                const KvLayerRef& kv, int64_t slot_begin);
+
+}  // namespace tripod

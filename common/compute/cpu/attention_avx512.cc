@@ -1,0 +1,103 @@
+// Attention kernels for AVX-512 (16-wide fp32, hardware fp32 -> bf16 rounding). Only called
+// after ActiveIsa() >= kAvx512.
+// GCC 12 flags _mm512_undefined_* inside its own intrinsics as maybe-uninitialized (GCC PR 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "common/compute/cpu/attention_internal.h"
+
+namespace tripod::attn {
+namespace {
+
+struct Vec {
+  using T = __m512;
+  static constexpr int W = 16;
+  static constexpr int kCV = 4;   // S micro-tile: 4 rows x 64 slots
+  static constexpr int kDCV = 4;  // PV micro-tile: 4 rows x 64 dims
+  static T Load(const float* p) { return _mm512_loadu_ps(p); }
+  static void Store(float* p, T v) { _mm512_storeu_ps(p, v); }
+  static T Set1(float f) { return _mm512_set1_ps(f); }
+  static T Zero() { return _mm512_setzero_ps(); }
+  static T Fma(T a, T b, T c) { return _mm512_fmadd_ps(a, b, c); }
+  static T Mul(T a, T b) { return _mm512_mul_ps(a, b); }
+  static T Add(T a, T b) { return _mm512_add_ps(a, b); }
+  static T Sub(T a, T b) { return _mm512_sub_ps(a, b); }
+  static T Max(T a, T b) { return _mm512_max_ps(a, b); }
+  static float ReduceAdd(T v) { return _mm512_reduce_add_ps(v); }
+  static float ReduceMax(T v) { return _mm512_reduce_max_ps(v); }
+  static __m256 Fold(T v) {
+    return _mm256_add_ps(_mm512_castps512_ps256(v),
+                         _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+  }
+  static void Reduce8(const __m256* v, float* out) {
+    const __m256 h01 = _mm256_hadd_ps(v[0], v[1]);
+    const __m256 h23 = _mm256_hadd_ps(v[2], v[3]);
+    const __m256 h45 = _mm256_hadd_ps(v[4], v[5]);
+    const __m256 h67 = _mm256_hadd_ps(v[6], v[7]);
+    const __m256 a = _mm256_hadd_ps(h01, h23);
+    const __m256 b = _mm256_hadd_ps(h45, h67);
+    const __m256 lo = _mm256_permute2f128_ps(a, b, 0x20);
+    const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);
+    _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
+  }
+  // out[j] = sum of the lanes of v[j], j < 16: fold each to 8 lanes, then two 8-way reductions.
+  static void ReduceW(const T* v, float* out) {
+    __m256 f[16];
+    for (int j = 0; j < 16; ++j) f[j] = Fold(v[j]);
+    Reduce8(f, out);
+    Reduce8(f + 8, out + 8);
+  }
+  // e^x, about 2 ulp on [-87, 88]; 0 below (so e^-inf = 0 for masked slots).
+  static T Exp(T x) {
+    const __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i n = _mm512_cvtps_epi32(fx);
+    const __m512 pow2 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n, _mm512_set1_epi32(127)), 23));
+    return _mm512_maskz_mul_ps(keep, y, pow2);
+  }
+  static T LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static T LoadBf16(const uint16_t* p) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static void StoreF16(uint16_t* p, T v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  }
+  static void StoreBf16(uint16_t* p, T v) {
+    // vcvtneps2bf16: round to nearest even, NaN kept quiet.
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+};
+
+}  // namespace
+}  // namespace tripod::attn
+
+#include "common/compute/cpu/attention_kernels.h"
+
+namespace tripod::attn::avx512 {
+
+void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+           float* o, float* m, float* l) {
+  BlockImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+}
+
+void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst) {
+  ConvertRowImpl<Vec>(src, n, dtype, dst);
+}
+
+}  // namespace tripod::attn::avx512

@@ -1,0 +1,43 @@
+// Shared between the attention dispatcher (attention.cc) and its per-ISA kernels: the block
+// entry point each instruction-set file implements, and its scratch size.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/compute/cpu/attention.h"
+
+namespace tripod::attn {
+
+constexpr int kKeyTile = 64;  // keys per inner tile
+
+// Floats of scratch a Block call needs for `rows` rows of head_dim.
+inline size_t BlockScratchFloats(int rows, int head_dim) {
+  // Q, O: rows x head_dim; S: rows x kKeyTile; K and V tiles: kKeyTile x head_dim each; slack
+  // for rounding rows up to the micro-kernel height.
+  return static_cast<size_t>(rows + 4) * (2 * head_dim + kKeyTile) + 2ull * kKeyTile * head_dim +
+         64;
+}
+
+// Attention of queries [q0, q1) of `a` for the n_heads / n_kv_heads query heads of kv head kvh
+// over cache slots [k0, k1), each query further limited to slots <= n_past + its index. Row r is
+// query q0 + r / g, head kvh * g + r % g (g = n_heads / n_kv_heads). Writes the unnormalised
+// output o[r * head_dim + d], the running max m[r] (-inf if the row saw no slot) and the sum of
+// exponentials l[r]. scratch holds BlockScratchFloats(rows, head_dim) floats.
+namespace scalar {
+void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+           float* o, float* m, float* l);
+void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
+}  // namespace scalar
+namespace avx2 {
+void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+           float* o, float* m, float* l);
+void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
+}  // namespace avx2
+namespace avx512 {
+void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+           float* o, float* m, float* l);
+void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
+}  // namespace avx512
+
+}  // namespace tripod::attn

@@ -1,0 +1,244 @@
+// The attention block kernel, written once over a vector-traits class `Vec` and compiled into each
+// ISA file (attention_avx2.cc, attention_avx512.cc) with that file's flags. Include only from
+// those files after defining Vec; everything here has internal linkage.
+//
+// Per 64-slot tile: convert K and V to fp32, S = Q K^T (scaled Q), online softmax, O += P V.
+// Many rows (prefill): K is transposed into [d][slot] so a 4-row x (kCV vectors of slots)
+// register tile does 4 * kCV FMAs per 4 + kCV loads. Few rows (decode): dot products along d
+// per slot, reduced W slots at a time, so no transpose is paid for 1-8 rows.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "common/compute/cpu/attention_internal.h"
+
+namespace tripod::attn {
+namespace {
+
+constexpr int kWideRows = 16;  // from this many rows on, the transposed-K path pays off
+constexpr float kNegInf = -__builtin_inff();
+
+inline int Imin(int64_t a, int64_t b) { return static_cast<int>(a < b ? a : b); }
+
+// dst[0..head_dim) = slot's K (or V) row as fp32.
+template <class V>
+inline void LoadRow(const uint8_t* src, KvDtype dt, int head_dim, float* dst) {
+  constexpr int W = V::W;
+  if (dt == KvDtype::kF32) {
+    const float* s = reinterpret_cast<const float*>(src);
+    for (int d = 0; d < head_dim; d += W) V::Store(dst + d, V::Load(s + d));
+  } else if (dt == KvDtype::kF16) {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    for (int d = 0; d < head_dim; d += W) V::Store(dst + d, V::LoadF16(s + d));
+  } else {
+    const uint16_t* s = reinterpret_cast<const uint16_t*>(src);
+    for (int d = 0; d < head_dim; d += W) V::Store(dst + d, V::LoadBf16(s + d));
+  }
+}
+
+// S[r][c0 .. c0 + kCV*W) for RB rows from the transposed K tile kt[d][kKeyTile].
+template <class V, int RB>
+inline void WideS(const float* q, int head_dim, const float* kt, int c0, float* s) {
+  constexpr int CV = V::kCV;
+  typename V::T acc[RB][CV];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CV; ++c) acc[r][c] = V::Zero();
+  for (int d = 0; d < head_dim; ++d) {
+    typename V::T kv[CV];
+    for (int c = 0; c < CV; ++c) kv[c] = V::Load(kt + d * kKeyTile + c0 + c * V::W);
+    for (int r = 0; r < RB; ++r) {
+      const typename V::T qb = V::Set1(q[r * head_dim + d]);
+      for (int c = 0; c < CV; ++c) acc[r][c] = V::Fma(qb, kv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CV; ++c) V::Store(s + r * kKeyTile + c0 + c * V::W, acc[r][c]);
+}
+
+// O[r][dc .. dc + kDCV*W) += sum_j P[r][j] V[j][...] for RB rows over n slots.
+template <class V, int RB>
+inline void WidePV(const float* p, const float* vt, int n, int head_dim, int dc, float* o) {
+  constexpr int CV = V::kDCV;
+  typename V::T acc[RB][CV];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CV; ++c) acc[r][c] = V::Load(o + r * head_dim + dc + c * V::W);
+  for (int j = 0; j < n; ++j) {
+    typename V::T vv[CV];
+    for (int c = 0; c < CV; ++c) vv[c] = V::Load(vt + j * head_dim + dc + c * V::W);
+    for (int r = 0; r < RB; ++r) {
+      const typename V::T pb = V::Set1(p[r * kKeyTile + j]);
+      for (int c = 0; c < CV; ++c) acc[r][c] = V::Fma(pb, vv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < CV; ++c) V::Store(o + r * head_dim + dc + c * V::W, acc[r][c]);
+}
+
+template <class V, int RB>
+inline void PVRows(const float* p, const float* vt, int n, int head_dim, float* o) {
+  constexpr int step = V::kDCV * V::W;
+  int dc = 0;
+  for (; dc + step <= head_dim; dc += step) WidePV<V, RB>(p, vt, n, head_dim, dc, o);
+  // head_dim is a multiple of W; finish a remainder narrower than kDCV vectors one at a time.
+  for (; dc < head_dim; dc += V::W) {
+    for (int r = 0; r < RB; ++r) {
+      typename V::T acc = V::Load(o + r * head_dim + dc);
+      for (int j = 0; j < n; ++j) {
+        acc = V::Fma(V::Set1(p[r * kKeyTile + j]), V::Load(vt + j * head_dim + dc), acc);
+      }
+      V::Store(o + r * head_dim + dc, acc);
+    }
+  }
+}
+
+template <class V>
+void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1,
+               float* scratch, float* o, float* m, float* l) {
+  constexpr int W = V::W;
+  const int D = a.head_dim;
+  const int g = a.n_heads / a.n_kv_heads;
+  const int rows = (q1 - q0) * g;
+  const int rows_pad = (rows + 3) & ~3;
+  float* q = scratch;                   // [rows_pad][D], pre-scaled
+  float* s = q + rows_pad * D;          // [rows_pad][kKeyTile]
+  float* kt = s + rows_pad * kKeyTile;  // [D][kKeyTile] or [kKeyTile][D]
+  float* vt = kt + kKeyTile * D;        // [kKeyTile][D]
+  const bool wide = rows >= kWideRows;
+
+  const typename V::T vscale = V::Set1(a.scale);
+  for (int r = 0; r < rows_pad; ++r) {
+    float* qr = q + r * D;
+    if (r < rows) {
+      const int qi = q0 + r / g, h = kvh * g + r % g;
+      const float* src = a.q + qi * a.q_stride + h * D;
+      for (int d = 0; d < D; d += W) V::Store(qr + d, V::Mul(V::Load(src + d), vscale));
+    } else {
+      for (int d = 0; d < D; d += W) V::Store(qr + d, V::Zero());
+    }
+  }
+  for (int r = 0; r < rows; ++r) {
+    m[r] = kNegInf;
+    l[r] = 0.0f;
+    for (int d = 0; d < D; d += W) V::Store(o + r * D + d, V::Zero());
+  }
+  // The last query sees slots up to n_past + q1 - 1.
+  const int64_t kend = k1 < a.n_past + q1 ? k1 : a.n_past + q1;
+  alignas(64) float row_buf[512];  // one K row when transposing (head_dim <= 512)
+
+  for (int64_t t0 = k0; t0 < kend; t0 += kKeyTile) {
+    const int n = Imin(kKeyTile, kend - t0);
+    // K tile.
+    if (wide) {
+      for (int j = 0; j < n; ++j) {
+        LoadRow<V>(a.kv.k_at(t0 + j, kvh, D), a.kv.dtype, D, row_buf);
+        for (int d = 0; d < D; ++d) kt[d * kKeyTile + j] = row_buf[d];
+      }
+      for (int d = 0; d < D; ++d)
+        for (int j = n; j < kKeyTile; ++j) kt[d * kKeyTile + j] = 0.0f;
+    } else {
+      for (int j = 0; j < n; ++j) LoadRow<V>(a.kv.k_at(t0 + j, kvh, D), a.kv.dtype, D, kt + j * D);
+      // Zero rows past the tile end, so the W-slot loop below has a constant trip count (its
+      // accumulators then stay in registers).
+      for (int j = n; j < ((n + W - 1) / W) * W; ++j)
+        for (int d = 0; d < D; ++d) kt[j * D + d] = 0.0f;
+    }
+    // S = Q K^T.
+    if (wide) {
+      int r = 0;
+      for (; r + 4 <= rows_pad; r += 4) {
+        for (int c0 = 0; c0 < kKeyTile; c0 += V::kCV * W) {
+          WideS<V, 4>(q + r * D, D, kt, c0, s + r * kKeyTile);
+        }
+      }
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        const float* qr = q + r * D;
+        for (int j0 = 0; j0 < n; j0 += W) {
+          typename V::T acc[W];
+          for (int jj = 0; jj < W; ++jj) acc[jj] = V::Zero();
+          const float* kr = kt + j0 * D;
+          for (int d = 0; d < D; d += W) {
+            const typename V::T qv = V::Load(qr + d);
+            for (int jj = 0; jj < W; ++jj) acc[jj] = V::Fma(qv, V::Load(kr + jj * D + d), acc[jj]);
+          }
+          V::ReduceW(acc, s + r * kKeyTile + j0);
+        }
+      }
+    }
+    // Online softmax; slots past a row's causal limit are a suffix of the tile.
+    int max_valid = 0;
+    for (int r = 0; r < rows; ++r) {
+      float* sr = s + r * kKeyTile;
+      const int64_t limit = a.n_past + q0 + r / g;  // last slot this row sees
+      const int valid = limit < t0 ? 0 : Imin(n, limit - t0 + 1);
+      if (valid > max_valid) max_valid = valid;
+      if (valid == 0) {  // the whole tile is in this row's future: P = 0
+        for (int j = 0; j < kKeyTile; ++j) sr[j] = 0.0f;
+        continue;
+      }
+      for (int j = valid; j < kKeyTile; ++j) sr[j] = kNegInf;
+      typename V::T mx = V::Set1(kNegInf);
+      for (int j = 0; j < kKeyTile; j += W) mx = V::Max(mx, V::Load(sr + j));
+      const float tile_max = V::ReduceMax(mx);
+      const float m_new = tile_max > m[r] ? tile_max : m[r];
+      const typename V::T vm = V::Set1(m_new);
+      typename V::T sum = V::Zero();
+      for (int j = 0; j < kKeyTile; j += W) {
+        const typename V::T pj = V::Exp(V::Sub(V::Load(sr + j), vm));
+        V::Store(sr + j, pj);
+        sum = V::Add(sum, pj);
+      }
+      if (m[r] != kNegInf && m_new != m[r]) {
+        const float corr = __builtin_expf(m[r] - m_new);
+        l[r] *= corr;
+        const typename V::T vc = V::Set1(corr);
+        for (int d = 0; d < D; d += W) V::Store(o + r * D + d, V::Mul(V::Load(o + r * D + d), vc));
+      }
+      l[r] += V::ReduceAdd(sum);
+      m[r] = m_new;
+    }
+    for (int r = rows; r < rows_pad; ++r)
+      for (int j = 0; j < kKeyTile; ++j) s[r * kKeyTile + j] = 0.0f;
+    if (max_valid == 0) continue;
+    // V tile, then O += P V over the slots some row still sees.
+    for (int j = 0; j < max_valid; ++j)
+      LoadRow<V>(a.kv.v_at(t0 + j, kvh, D), a.kv.dtype, D, vt + j * D);
+    int r = 0;
+    for (; r + 4 <= rows; r += 4) PVRows<V, 4>(s + r * kKeyTile, vt, max_valid, D, o + r * D);
+    switch (rows - r) {
+      case 3:
+        PVRows<V, 3>(s + r * kKeyTile, vt, max_valid, D, o + r * D);
+        break;
+      case 2:
+        PVRows<V, 2>(s + r * kKeyTile, vt, max_valid, D, o + r * D);
+        break;
+      case 1:
+        PVRows<V, 1>(s + r * kKeyTile, vt, max_valid, D, o + r * D);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+template <class V>
+void ConvertRowImpl(const float* src, int n, KvDtype dtype, uint8_t* dst) {
+  constexpr int W = V::W;
+  int i = 0;
+  if (dtype == KvDtype::kF32) {
+    __builtin_memcpy(dst, src, static_cast<size_t>(n) * 4);
+    return;
+  }
+  uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
+  if (dtype == KvDtype::kF16) {
+    for (; i + W <= n; i += W) V::StoreF16(d16 + i, V::Load(src + i));
+  } else {
+    for (; i + W <= n; i += W) V::StoreBf16(d16 + i, V::Load(src + i));
+  }
+  if (i < n) scalar::ConvertRow(src + i, n - i, dtype, reinterpret_cast<uint8_t*>(d16 + i));
+}
+
+}  // namespace
+}  // namespace tripod::attn

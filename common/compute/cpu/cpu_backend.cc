@@ -1,0 +1,293 @@
+// CPU Backend implementation; see cpu_backend.h. Elementwise loops are plain C++ that the
+// compiler vectorises (target_clones picks AVX-512 / AVX2 at run time); the heavy kernels
+// (GEMV, GEMM, attention) have their own files.
+#include "common/compute/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/compute/cpu/attention.h"
+#include "common/compute/cpu/cpu_features.h"
+#include "common/util/status_macros.h"
+#include "common/util/thread_pool.h"
+
+namespace tripod {
+namespace {
+
+#define TRIPOD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+class CpuMatrix final : public PreparedMatrix {
+ public:
+  struct Part {
+    QuantMatrix q;
+    int64_t row_begin;
+  };
+  std::vector<Part> parts;
+  int64_t n_ = 0, k_ = 0;
+  GemmPrecision precision = GemmPrecision::kF32;
+  mutable std::once_flag gemm_once;
+  mutable std::unique_ptr<DnnlLinear> gemm;  // prepacked on first large-batch use
+  mutable absl::Status gemm_status;
+
+  int64_t n() const override { return n_; }
+  int64_t k() const override { return k_; }
+  size_t resident_bytes() const override {
+    size_t b = 0;
+    for (const Part& p : parts) b += p.q.row_bytes * p.q.n;
+    if (gemm) b += gemm->packed_bytes();
+    return b;
+  }
+
+  const DnnlLinear& Gemm() const {
+    std::call_once(gemm_once, [this] {
+      std::vector<float> w(static_cast<size_t>(n_) * k_);
+      ParallelFor(n_, [&](int64_t r0, int64_t r1) {
+        for (const Part& p : parts) {
+          for (int64_t r = std::max(r0, p.row_begin); r < std::min(r1, p.row_begin + p.q.n); ++r) {
+            DequantizeRow(p.q.type,
+                          static_cast<const uint8_t*>(p.q.data) + (r - p.row_begin) * p.q.row_bytes,
+                          w.data() + r * k_, k_);
+          }
+        }
+      });
+      auto g = DnnlLinear::Create(w.data(), n_, k_, precision);
+      if (g.ok()) {
+        gemm = std::move(g).value();
+      } else {
+        gemm_status = g.status();
+      }
+    });
+    if (!gemm) {
+      std::fprintf(stderr, "tripod: GEMM preparation failed: %s\n", gemm_status.ToString().c_str());
+      std::abort();
+    }
+    return *gemm;
+  }
+};
+
+class CpuVector final : public PreparedVector {
+ public:
+  std::vector<float> v;
+  int64_t size() const override { return static_cast<int64_t>(v.size()); }
+  const float* data() const override { return v.data(); }
+};
+
+TRIPOD_CLONES void RmsNormRow(const float* x, const float* w, int n, float eps, float* y) {
+  float ss = 0;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float scale = 1.0f / std::sqrt(ss / n + eps);
+  for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+TRIPOD_CLONES void SwiGluRow(const float* g, const float* u, int n, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+TRIPOD_CLONES void AddRow(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+void RopeRow(float* x, int n_heads, int head_dim, const float* c, const float* s, int rope_dims,
+             bool halves) {
+  const int half = rope_dims / 2;
+  for (int h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    if (halves) {
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * c[i] - b * s[i];
+        v[i + half] = a * s[i] + b * c[i];
+      }
+    } else {
+      for (int i = 0; i < half; ++i) {
+        const float a = v[2 * i], b = v[2 * i + 1];
+        v[2 * i] = a * c[i] - b * s[i];
+        v[2 * i + 1] = a * s[i] + b * c[i];
+      }
+    }
+  }
+}
+
+// Rows per ParallelFor chunk for row-wise elementwise ops: enough work to pay for a fork.
+int64_t RowGrain(int64_t row_floats) { return std::max<int64_t>(1, 16384 / (row_floats + 1)); }
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(const CpuBackendOptions& o) : opts_(o) {}
+
+  std::string name() const override {
+    return absl::StrCat("cpu(", IsaName(ActiveIsa()), ", gemm ",
+                        opts_.gemm == GemmPrecision::kBF16 ? "bf16" : "fp32", ", gemv ",
+                        opts_.gemv == GemvMode::kInt8 ? "int8" : "fp32", ")");
+  }
+
+  float* Alloc(size_t floats) override {
+    const size_t bytes = (std::max<size_t>(floats, 16) * sizeof(float) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, bytes);
+    if (p == nullptr) {
+      std::fprintf(stderr, "tripod: out of memory allocating %zu bytes\n", bytes);
+      std::abort();
+    }
+    return static_cast<float*>(p);
+  }
+  void Free(float* p) override { std::free(p); }
+
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
+      std::span<const GgufTensorInfo* const> parts) override {
+    auto m = std::make_unique<CpuMatrix>();
+    m->precision = opts_.gemm;
+    for (const GgufTensorInfo* t : parts) {
+      if (t->dims.size() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat("tensor ", t->name, " is not a matrix"));
+      }
+      if (m->k_ != 0 && t->cols() != m->k_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", t->name, " has ", t->cols(), " columns, expected ", m->k_));
+      }
+      m->k_ = t->cols();
+      ASSIGN_OR_RETURN(size_t row_bytes, RowBytes(t->type, t->cols()));
+      QuantMatrix q{t->type, t->data, t->rows(), t->cols(), static_cast<int64_t>(row_bytes)};
+      m->parts.push_back({q, m->n_});
+      m->n_ += t->rows();
+    }
+    return std::unique_ptr<PreparedMatrix>(std::move(m));
+  }
+
+  absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(const GgufTensorInfo& t) override {
+    auto v = std::make_unique<CpuVector>();
+    v->v.resize(t.n_elements);
+    ASSIGN_OR_RETURN(size_t bytes, RowBytes(t.type, static_cast<int64_t>(t.n_elements)));
+    if (bytes != t.n_bytes) return absl::InvalidArgumentError("vector size mismatch");
+    DequantizeRow(t.type, t.data, v->v.data(), static_cast<int64_t>(t.n_elements));
+    return std::unique_ptr<PreparedVector>(std::move(v));
+  }
+
+  void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
+             int64_t ld) override {
+    const int64_t d = table.cols();
+    const size_t row_bytes = *RowBytes(table.type, d);
+    ParallelFor(
+        static_cast<int64_t>(ids.size()),
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            DequantizeRow(table.type, table.data + row_bytes * ids[i], out + i * ld, d);
+          }
+        },
+        64);
+  }
+
+  void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
+               float* y, int64_t ldy) override {
+    ParallelFor(
+        m,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) RmsNormRow(x + i * ldx, w.data(), n, eps, y + i * ldy);
+        },
+        RowGrain(n));
+  }
+
+  void Linear(const PreparedMatrix& pw, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+              bool accumulate) override {
+    const auto& w = static_cast<const CpuMatrix&>(pw);
+    float* dst = y;
+    int64_t ldd = ldy;
+    if (accumulate) {
+      tmp_.resize(static_cast<size_t>(m) * w.n_);
+      dst = tmp_.data();
+      ldd = w.n_;
+    }
+    if (m <= opts_.gemv_max_rows) {
+      for (const CpuMatrix::Part& p : w.parts) {
+        QuantGemm(p.q, x, m, ldx, dst + p.row_begin, ldd, opts_.gemv);
+      }
+    } else {
+      w.Gemm().Run(x, m, ldx, dst, ldd);
+    }
+    if (accumulate) {
+      ParallelFor(
+          m,
+          [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) AddRow(y + i * ldy, dst + i * ldd, w.n_);
+          },
+          RowGrain(w.n_));
+    }
+  }
+
+  void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
+    for (int i = 0; i < m; ++i) AddRow(x + int64_t{i} * ldx, b.data(), n);
+  }
+
+  void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim, const RopeAngles& a) override {
+    const int half = a.rope_dims / 2;
+    ParallelFor(
+        m,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) {
+            RopeRow(x + i * ldx, n_heads, head_dim, a.cos + i * half, a.sin + i * half, a.rope_dims,
+                    a.halves);
+          }
+        },
+        RowGrain(n_heads * head_dim));
+  }
+
+  void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
+    ParallelFor(
+        m,
+        [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i)
+            SwiGluRow(gu + i * ldgu, gu + i * ldgu + n, n, out + i * ldo);
+        },
+        RowGrain(n));
+  }
+
+  void GatherRows(const float* src, int64_t lds, std::span<const int32_t> rows, int n, float* dst,
+                  int64_t ldd) override {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(dst + i * ldd, src + int64_t{rows[i]} * lds, sizeof(float) * n);
+    }
+  }
+
+  void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
+               const KvLayerRef& kv, int64_t slot_begin) override {
+    WriteKvCpu(k, v, m, ld, n_kv_heads, head_dim, kv, slot_begin);
+  }
+
+  void Attention(std::span<const AttentionArgs> seqs) override { AttentionCpu(seqs); }
+
+  void ToHost(const float* src, size_t n, float* dst) override {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
+
+ private:
+  CpuBackendOptions opts_;
+  std::vector<float> tmp_;
+};
+
+}  // namespace
+
+absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision) {
+  CpuBackendOptions o;
+  if (precision == "fp32") {
+    o.gemm = GemmPrecision::kF32;
+    o.gemv = GemvMode::kF32;
+  } else if (precision == "bf16") {
+    o.gemm = GemmPrecision::kBF16;
+    o.gemv = GemvMode::kInt8;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown precision '", std::string(precision), "' (expected fp32 or bf16)"));
+  }
+  return o;
+}
+
+std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {
+  return std::make_unique<CpuBackend>(options);
+}
+
+}  // namespace tripod

@@ -1,0 +1,22 @@
+// What this CPU can run, detected once (cpuid, xgetbv, and the AMX permission request), and the
+// instruction-set level the kernels dispatch on: AMX > AVX-512 > AVX2 > scalar.
+#pragma once
+
+namespace tripod {
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false, f16c = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+  bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false;
+  bool amx_tile = false, amx_bf16 = false, amx_int8 = false;  // true only if the OS granted AMX
+};
+
+enum class IsaLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
+
+const CpuFeatures& GetCpuFeatures();
+// The best level this CPU supports, capped by SetIsaCap (tests use the cap to run every path).
+IsaLevel ActiveIsa();
+void SetIsaCap(IsaLevel cap);
+const char* IsaName(IsaLevel level);
+
+}  // namespace tripod

@@ -1,0 +1,171 @@
+// DnnlLinear: oneDNN matmul with prepacked weights. One primitive per (m, ldx, ldy), kept in a
+// small LRU: fixed shapes let oneDNN pick its best kernel (brgemm / AMX), and creating a
+// primitive (~0.1 ms) is negligible beside a prefill GEMM.
+#include "common/compute/cpu/gemm_onednn.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace tripod {
+
+namespace {
+
+using dt = dnnl::memory::data_type;
+using dims = dnnl::memory::dims;
+
+constexpr size_t kMaxCached = 16;
+// The M used to ask oneDNN for its preferred weight layout once; all later shapes reuse it.
+constexpr int64_t kLayoutM = 512;
+
+struct Entry {
+  int64_t m, ldx, ldy;
+  dnnl::matmul prim;
+  dnnl::memory::desc src_md, dst_md;
+};
+
+}  // namespace
+
+struct DnnlLinear::Impl {
+  int64_t n = 0, k = 0;
+  GemmPrecision precision = GemmPrecision::kF32;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::memory::desc wei_md;  // the packed layout
+  dnnl::memory weights;       // packed weights, owned by oneDNN memory
+  mutable std::mutex mu;
+  mutable std::list<Entry> cache;  // most recently used first
+
+  dt src_dt() const { return precision == GemmPrecision::kBF16 ? dt::bf16 : dt::f32; }
+
+  // Throws dnnl::error.
+  Entry MakeEntry(int64_t m, int64_t ldx, int64_t ldy) const {
+    dnnl::memory::desc src_md({m, k}, src_dt(), dims{ldx, 1});
+    dnnl::memory::desc dst_md({m, n}, dt::f32, dims{ldy, 1});
+    dnnl::matmul::desc d(src_md, wei_md, dst_md);
+    dnnl::matmul::primitive_desc pd(d, engine);
+    return Entry{m, ldx, ldy, dnnl::matmul(pd), src_md, dst_md};
+  }
+
+  const Entry& Get(int64_t m, int64_t ldx, int64_t ldy) const {
+    for (auto it = cache.begin(); it != cache.end(); ++it) {
+      if (it->m == m && it->ldx == ldx && it->ldy == ldy) {
+        cache.splice(cache.begin(), cache, it);
+        return cache.front();
+      }
+    }
+    cache.push_front(MakeEntry(m, ldx, ldy));
+    if (cache.size() > kMaxCached) cache.pop_back();
+    return cache.front();
+  }
+};
+
+namespace {
+
+// fp32 -> bf16 with round-to-nearest-even (NaN stays NaN). The loop vectorises; prefill rows
+// are converted once per GEMM, O(m k) against the GEMM's O(m n k).
+void RowToBf16(const float* src, int64_t k, uint16_t* dst) {
+  for (int64_t t = 0; t < k; ++t) {
+    uint32_t u;
+    std::memcpy(&u, &src[t], 4);
+    const uint32_t rounded = u + 0x7fff + ((u >> 16) & 1);
+    const bool nan = (u & 0x7fffffff) > 0x7f800000;
+    dst[t] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40) : (rounded >> 16));
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DnnlLinear>> DnnlLinear::Create(const float* w, int64_t n, int64_t k,
+                                                               GemmPrecision precision) {
+  if (w == nullptr || n <= 0 || k <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DnnlLinear::Create: bad weights (n=", n, ", k=", k, ")"));
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->n = n;
+  impl->k = k;
+  impl->precision = precision;
+  try {
+    dnnl::stream stream(impl->engine);
+    // Our W is [n, k] row-major, i.e. oneDNN's K x N weights with strides {1, k}.
+    dnnl::memory::desc plain_md({k, n}, dt::f32, dims{1, k});
+    dnnl::memory plain(plain_md, impl->engine, const_cast<float*>(w));
+    dnnl::memory::desc any_md({k, n}, impl->src_dt(), dnnl::memory::format_tag::any);
+    dnnl::memory::desc src_md({kLayoutM, k}, impl->src_dt(), dnnl::memory::format_tag::ab);
+    dnnl::memory::desc dst_md({kLayoutM, n}, dt::f32, dnnl::memory::format_tag::ab);
+    dnnl::matmul::primitive_desc pd;
+    try {
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(src_md, any_md, dst_md), impl->engine);
+    } catch (const dnnl::error& e) {
+      if (precision != GemmPrecision::kBF16) throw;
+      return absl::UnimplementedError(
+          "DnnlLinear::Create: oneDNN has no bf16 matmul on this CPU; use GemmPrecision::kF32");
+    }
+    const std::string impl_name = pd.impl_info_str();
+    if (precision == GemmPrecision::kBF16 && impl_name.rfind("ref", 0) == 0) {
+      // Reference bf16 kernels run at a few GFLOP/s: no bf16 support worth using here.
+      return absl::UnimplementedError(
+          absl::StrCat("DnnlLinear::Create: oneDNN has no fast bf16 matmul on this CPU (picked ",
+                       impl_name, "); use GemmPrecision::kF32"));
+    }
+    impl->wei_md = pd.weights_desc();
+    impl->weights = dnnl::memory(impl->wei_md, impl->engine);
+    dnnl::reorder(plain, impl->weights).execute(stream, plain, impl->weights);
+    stream.wait();
+    // Build the kLayoutM primitive now so Create reports any failure instead of Run.
+    impl->Get(kLayoutM, k, n);
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("DnnlLinear::Create(n=", n, ", k=", k,
+                                            "): oneDNN error ", static_cast<int>(e.status), ": ",
+                                            e.what()));
+  }
+  return std::unique_ptr<DnnlLinear>(new DnnlLinear(std::move(impl)));
+}
+
+DnnlLinear::DnnlLinear(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DnnlLinear::~DnnlLinear() = default;
+
+int64_t DnnlLinear::n() const { return impl_->n; }
+int64_t DnnlLinear::k() const { return impl_->k; }
+size_t DnnlLinear::packed_bytes() const { return impl_->wei_md.get_size(); }
+
+void DnnlLinear::Run(const float* x, int64_t m, int64_t ldx, float* y, int64_t ldy) const {
+  if (m <= 0) return;
+  const Impl& im = *impl_;
+  try {
+    thread_local std::vector<uint16_t> xb;
+    const void* src = x;
+    int64_t src_ld = ldx;
+    if (im.precision == GemmPrecision::kBF16) {
+      xb.resize(static_cast<size_t>(m) * im.k);
+      for (int64_t i = 0; i < m; ++i) RowToBf16(x + i * ldx, im.k, xb.data() + i * im.k);
+      src = xb.data();
+      src_ld = im.k;
+    }
+    std::lock_guard<std::mutex> lock(im.mu);
+    const Entry& e = im.Get(m, src_ld, ldy);
+    dnnl::stream stream(im.engine);
+    dnnl::memory src_mem(e.src_md, im.engine, const_cast<void*>(src));
+    dnnl::memory dst_mem(e.dst_md, im.engine, y);
+    e.prim.execute(
+        stream, {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, im.weights}, {DNNL_ARG_DST, dst_mem}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    // Shapes were validated in Create; an error here is a programming error, not bad input.
+    std::fprintf(stderr, "DnnlLinear::Run(m=%lld, n=%lld, k=%lld): oneDNN error: %s\n",
+                 static_cast<long long>(m), static_cast<long long>(im.n),
+                 static_cast<long long>(im.k), e.what());
+    std::abort();
+  }
+}
+
+}  // namespace tripod

@@ -1,0 +1,257 @@
+// QuantGemm: picks the ISA kernel, quantises x for the int8 mode, threads over output rows; also
+// the scalar kernels (the reference the vector paths are tested against).
+#include "common/compute/cpu/quant_gemv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "common/compute/cpu/cpu_features.h"
+#include "common/compute/cpu/quant_gemv_internal.h"
+#include "common/util/thread_pool.h"
+
+namespace tripod {
+namespace qgemv {
+namespace {
+
+// Software fp16 -> fp32 (no F16C in the scalar file); exact for every input.
+inline float HalfBits(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f;
+  const uint32_t man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {
+    // Subnormal half: value = man * 2^-24.
+    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
+    std::memcpy(&bits, &v, 4);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline float Bf16Bits(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Dequantises one row of the types the vector kernels handle (the scalar F32 reference).
+void DequantRowScalar(GgmlType type, const uint8_t* row, int64_t k, float* out) {
+  switch (type) {
+    case GgmlType::kF32:
+      std::memcpy(out, row, k * sizeof(float));
+      return;
+    case GgmlType::kF16:
+      for (int64_t t = 0; t < k; ++t) out[t] = HalfBits(row + 2 * t);
+      return;
+    case GgmlType::kBF16:
+      for (int64_t t = 0; t < k; ++t) out[t] = Bf16Bits(row + 2 * t);
+      return;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: {
+      const int bytes = type == GgmlType::kQ4_0 ? 18 : 20;
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const uint8_t* blk = row + b * bytes;
+        const float d = HalfBits(blk);
+        const float mn = type == GgmlType::kQ4_1 ? HalfBits(blk + 2) : 0.0f;
+        const uint8_t* qs = blk + bytes - 16;
+        for (int j = 0; j < 16; ++j) {
+          const int lo = qs[j] & 0x0f, hi = qs[j] >> 4;
+          if (type == GgmlType::kQ4_0) {
+            out[b * 32 + j] = static_cast<float>(lo - 8) * d;
+            out[b * 32 + j + 16] = static_cast<float>(hi - 8) * d;
+          } else {
+            out[b * 32 + j] = static_cast<float>(lo) * d + mn;
+            out[b * 32 + j + 16] = static_cast<float>(hi) * d + mn;
+          }
+        }
+      }
+      return;
+    }
+    case GgmlType::kQ8_0:
+      for (int64_t b = 0; b < k / 32; ++b) {
+        const uint8_t* blk = row + b * 34;
+        const float d = HalfBits(blk);
+        for (int j = 0; j < 32; ++j) {
+          out[b * 32 + j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
+        }
+      }
+      return;
+    default:
+      // K-quants and anything else: the model library's reference dequantiser.
+      DequantizeRow(type, row, out, k);
+      return;
+  }
+}
+
+}  // namespace
+
+void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
+                     float* sum) {
+  const int64_t nb = k / 32;
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * ldx + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int8_t* qb = q + i * k + b * 32;
+      int s = 0;
+      for (int j = 0; j < 32; ++j) {
+        const int v = static_cast<int>(std::nearbyint(xb[j] * inv));
+        qb[j] = static_cast<int8_t>(std::clamp(v, -127, 127));
+        s += qb[j];
+      }
+      scale[i * nb + b] = d;
+      sum[i * nb + b] = d * static_cast<float>(s);
+    }
+  }
+}
+
+namespace scalar {
+
+bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+             int64_t j0, int64_t j1) {
+  thread_local std::vector<float> buf;
+  buf.resize(w.k);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t j = j0; j < j1; ++j) {
+    DequantRowScalar(w.type, base + j * w.row_bytes, w.k, buf.data());
+    for (int i = 0; i < m; ++i) {
+      const float* xi = x + i * ldx;
+      float s = 0.0f;
+      for (int64_t t = 0; t < w.k; ++t) s += buf[t] * xi[t];
+      y[i * ldy + j] = s;
+    }
+  }
+  return true;
+}
+
+bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
+              int64_t j1) {
+  if (w.type != GgmlType::kQ4_0 && w.type != GgmlType::kQ4_1 && w.type != GgmlType::kQ8_0) {
+    return false;
+  }
+  const int bytes = w.type == GgmlType::kQ4_0 ? 18 : w.type == GgmlType::kQ4_1 ? 20 : 34;
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = base + j * w.row_bytes;
+    for (int i = 0; i < xa.m; ++i) {
+      const int8_t* xq = xa.q + i * xa.k;
+      float s = 0.0f;
+      for (int64_t b = 0; b < xa.nb; ++b) {
+        const uint8_t* blk = row + b * bytes;
+        const int8_t* xb = xq + b * 32;
+        const float dw = HalfBits(blk);
+        int dot = 0;
+        if (w.type == GgmlType::kQ8_0) {
+          for (int t = 0; t < 32; ++t) dot += static_cast<int8_t>(blk[2 + t]) * xb[t];
+          s += dw * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
+        } else {
+          const uint8_t* qs = blk + bytes - 16;
+          for (int t = 0; t < 16; ++t) dot += (qs[t] & 0x0f) * xb[t] + (qs[t] >> 4) * xb[t + 16];
+          s += dw * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
+          const float side = w.type == GgmlType::kQ4_1 ? HalfBits(blk + 2) : -8.0f * dw;
+          s += side * xa.sum[i * xa.nb + b];
+        }
+      }
+      y[i * ldy + j] = s;
+    }
+  }
+  return true;
+}
+
+}  // namespace scalar
+}  // namespace qgemv
+
+namespace {
+
+// Types with vector kernels; the others (K-quants) take the scalar dequantise-a-row path.
+bool HasVectorKernel(GgmlType t) {
+  return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 ||
+         t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+}
+
+int BlockElems(GgmlType t) {
+  switch (t) {
+    case GgmlType::kF32:
+    case GgmlType::kF16:
+    case GgmlType::kBF16:
+      return 1;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K:
+      return 256;
+    default:
+      return 32;
+  }
+}
+
+}  // namespace
+
+void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+               GemvMode mode) {
+  if (m <= 0 || w.n <= 0) return;
+  if (w.k <= 0 || w.k % BlockElems(w.type) != 0 || w.data == nullptr) {
+    // Not a valid matrix: NaNs make the caller's mistake visible instead of reading past it.
+    for (int i = 0; i < m; ++i) {
+      std::fill(y + i * ldy, y + i * ldy + w.n, std::numeric_limits<float>::quiet_NaN());
+    }
+    return;
+  }
+  const IsaLevel isa = ActiveIsa();
+  const bool fast_type = HasVectorKernel(w.type);
+  // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both run kF32.
+  const bool int8 =
+      mode == GemvMode::kInt8 &&
+      (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0);
+
+  // x in int8 form, shared by all threads (quantised once per call: m * k values).
+  thread_local std::vector<int8_t> xq;
+  thread_local std::vector<float> xs, xsum;
+  qgemv::Int8Act xa;
+  if (int8) {
+    const int64_t nb = w.k / 32;
+    xq.resize(static_cast<size_t>(m) * w.k);
+    xs.resize(static_cast<size_t>(m) * nb);
+    xsum.resize(static_cast<size_t>(m) * nb);
+    qgemv::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+    xa = {xq.data(), xs.data(), xsum.data(), m, w.k, nb};
+  }
+
+  auto run = [&](int64_t j0, int64_t j1) {
+    if (int8) {
+      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa, y, ldy, j0, j1)) return;
+      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa, y, ldy, j0, j1)) return;
+      qgemv::scalar::RowsInt8(w, xa, y, ldy, j0, j1);
+      return;
+    }
+    if (fast_type) {
+      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsF32(w, x, m, ldx, y, ldy, j0, j1)) return;
+      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsF32(w, x, m, ldx, y, ldy, j0, j1)) return;
+    }
+    qgemv::scalar::RowsF32(w, x, m, ldx, y, ldy, j0, j1);
+  };
+  // Chunks of 16-256 rows: enough chunks to balance two threads, few enough to stay cheap.
+  const int threads = ComputeThreads();
+  const int64_t grain = std::clamp<int64_t>(w.n / (threads * 8), 16, 256);
+  ParallelFor(w.n, run, grain);
+}
+
+}  // namespace tripod

@@ -1,0 +1,30 @@
+// Fused dequantise-and-multiply kernels for small batches (decode): each weight byte is read
+// once for all m rows of x. Weights stay in their GGUF block format.
+#pragma once
+
+#include <cstdint>
+
+#include "common/model/quant_types.h"
+
+namespace tripod {
+
+// How activations meet quantised weights.
+//  kF32:  weights dequantised to fp32 in registers, fp32 FMA with x (the exact fp32 path).
+//  kInt8: x quantised per 32-element block to int8 (Q8-style, one fp32 scale per block), integer
+//         dot products with the weight blocks (VNNI where present) (the fast reduced path).
+enum class GemvMode { kF32, kInt8 };
+
+struct QuantMatrix {
+  GgmlType type;
+  const void* data;  // n rows of k elements, each row RowBytes(type, k) bytes
+  int64_t n = 0;     // output features (rows)
+  int64_t k = 0;     // input features (row length)
+  int64_t row_bytes = 0;
+};
+
+// y[i, j] = sum_t x[i, t] * W[j, t] for i < m, j < n. x rows are ldx floats apart, y rows ldy.
+// Threads over n with ParallelFor. m is small (1..16); for larger m use the GEMM path.
+void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+               GemvMode mode);
+
+}  // namespace tripod

@@ -1,0 +1,33 @@
+// QuantGemm kernels for AVX2 + FMA + F16C: int8 dots with maddubs (u8 x s8 -> s16 pairs) and
+// madd against ones (-> s32). Only called after ActiveIsa() >= kAvx2.
+#include <immintrin.h>
+
+#include "common/compute/cpu/quant_gemv_internal.h"
+
+namespace tripod::qgemv {
+namespace {
+struct Isa {
+  // maddubs saturates pair sums at 2^15; ours stay below: weights are nibbles (<= 15) or
+  // |int8| (<= 128) against x in [-127, 127], so a pair is at most 2 * 128 * 127 = 32512.
+  static inline __m256i DotU8S8(__m256i u8, __m256i s8) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
+  }
+};
+}  // namespace
+}  // namespace tripod::qgemv
+
+#include "common/compute/cpu/quant_gemv_kernels.h"
+
+namespace tripod::qgemv::avx2 {
+
+bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+             int64_t j0, int64_t j1) {
+  return RowsF32Impl<Isa>(w, x, m, ldx, y, ldy, j0, j1);
+}
+
+bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
+              int64_t j1) {
+  return RowsInt8Impl<Isa>(w, xa, y, ldy, j0, j1);
+}
+
+}  // namespace tripod::qgemv::avx2

@@ -1,0 +1,31 @@
+// QuantGemm kernels for AVX-512 (VL + VNNI): the same 256-bit loops as the AVX2 file, with the
+// int8 block dot done by one vpdpbusd. Only called after ActiveIsa() >= kAvx512.
+#include <immintrin.h>
+
+#include "common/compute/cpu/quant_gemv_internal.h"
+
+namespace tripod::qgemv {
+namespace {
+struct Isa {
+  static inline __m256i DotU8S8(__m256i u8, __m256i s8) {
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u8, s8);
+  }
+};
+}  // namespace
+}  // namespace tripod::qgemv
+
+#include "common/compute/cpu/quant_gemv_kernels.h"
+
+namespace tripod::qgemv::avx512 {
+
+bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+             int64_t j0, int64_t j1) {
+  return RowsF32Impl<Isa>(w, x, m, ldx, y, ldy, j0, j1);
+}
+
+bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
+              int64_t j1) {
+  return RowsInt8Impl<Isa>(w, xa, y, ldy, j0, j1);
+}
+
+}  // namespace tripod::qgemv::avx512

@@ -1,0 +1,199 @@
+// The forward pass over a Backend; see forward.h. Pre-norm transformer block:
+//   h += Wo · Attn(RoPE(Wq·n_a(h)), RoPE(Wk·n_a(h)), Wv·n_a(h));  h += Wd · (silu(Wg·n_f(h)) ⊙
+//   Wu·n_f(h))
+#include "common/compute/forward.h"
+
+#include <cmath>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tripod {
+namespace {
+
+// Workspace slots.
+enum Slot { kH, kXn, kQkv, kAttn, kGu, kAct, kRopeCos, kRopeSin, kLogitRows, kLogits, kNumSlots };
+
+absl::Status CheckBatch(const LoadedModel& model, const ForwardPlan& plan, const StepBatch& b,
+                        KvStore& kv) {
+  const ModelConfig& c = model.config;
+  if (static_cast<int>(plan.layers.size()) != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan has ", plan.layers.size(), " layers, model has ", c.n_layers));
+  }
+  if (b.positions.size() != b.tokens.size()) {
+    return absl::InvalidArgumentError("batch: positions and tokens differ in length");
+  }
+  int32_t next = 0;
+  for (const SeqInBatch& s : b.seqs) {
+    if (s.token_begin != next || s.n_tokens < 0 || s.n_past < 0) {
+      return absl::InvalidArgumentError("batch: sequences must cover the rows in order");
+    }
+    next += s.n_tokens;
+  }
+  if (next != b.n_tokens()) return absl::InvalidArgumentError("batch: rows not covered");
+  for (int32_t t : b.tokens) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  for (int32_t r : b.logit_rows) {
+    if (r < 0 || r >= b.n_tokens()) return absl::InvalidArgumentError("batch: bad logit row");
+  }
+  if (!b.logit_rows.empty() && (!plan.output_head || !model.output)) {
+    return absl::InvalidArgumentError("logits asked for, but the plan or model has no head");
+  }
+  const KvLayout layout = kv.layout();
+  if (layout.n_layers != c.n_layers || layout.n_kv_heads != c.n_kv_heads ||
+      layout.head_dim != c.head_dim) {
+    return absl::InvalidArgumentError("KV store layout does not match the model");
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    const PreparedLayer& p = model.layers[l];
+    const bool ok = plan.layers[l] == LayerMode::kSkip ||
+                    (plan.layers[l] == LayerMode::kFull && p.qkv) ||
+                    (plan.layers[l] == LayerMode::kKvOnly && (p.qkv || p.kv));
+    if (!ok) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", l, ": the plan needs weights this process did not load"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+ForwardWorkspace::~ForwardWorkspace() {
+  for (auto& [p, n] : buffers_) {
+    if (p != nullptr) backend_.Free(p);
+  }
+}
+
+float* ForwardWorkspace::Get(int slot, size_t floats) {
+  if (static_cast<int>(buffers_.size()) <= slot) buffers_.resize(slot + 1, {nullptr, 0});
+  auto& [p, n] = buffers_[slot];
+  if (n < floats) {
+    if (p != nullptr) backend_.Free(p);
+    n = std::max(floats, n + n / 2);
+    p = backend_.Alloc(n);
+  }
+  return p;
+}
+
+absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPlan& plan,
+                     const StepBatch& batch, KvStore& kv, ForwardWorkspace& ws,
+                     std::vector<float>* logits) {
+  if (absl::Status s = CheckBatch(model, plan, batch, kv); !s.ok()) return s;
+  const ModelConfig& c = model.config;
+  const int T = batch.n_tokens();
+  if (T == 0) return absl::OkStatus();
+  const int d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.d_ff, hd = c.head_dim;
+  const int qkv_w = qd + 2 * kvd;
+
+  float* h = ws.Get(kH, size_t{1} * T * d);          // [T, d] residual stream
+  float* xn = ws.Get(kXn, size_t{1} * T * d);        // [T, d] normed stream
+  float* qkv = ws.Get(kQkv, size_t{1} * T * qkv_w);  // [T, q | k | v]
+  float* attn = ws.Get(kAttn, size_t{1} * T * qd);   // [T, q_dim]
+  float* gu = ws.Get(kGu, size_t{1} * T * 2 * ff);   // [T, gate | up]
+  float* act = ws.Get(kAct, size_t{1} * T * ff);     // [T, d_ff]
+
+  // RoPE angles once per batch; every layer reuses them.
+  const int half = c.rope_dims / 2;
+  float* rc = ws.Get(kRopeCos, size_t{1} * T * half);
+  float* rs = ws.Get(kRopeSin, size_t{1} * T * half);
+  for (int t = 0; t < T; ++t) {
+    for (int i = 0; i < half; ++i) {
+      const double a = static_cast<double>(batch.positions[t]) * model.rope_inv_freq[i];
+      rc[t * half + i] = static_cast<float>(std::cos(a));
+      rs[t * half + i] = static_cast<float>(std::sin(a));
+    }
+  }
+  const RopeAngles angles{rc, rs, c.rope_dims, c.traits.rope_style == RopeStyle::kHalves};
+
+  backend.Embed(*model.weights.token_embd.tensor, batch.tokens, h, d);
+
+  std::vector<AttentionArgs> attn_args(batch.seqs.size());
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerMode mode = plan.layers[l];
+    if (mode == LayerMode::kSkip) continue;
+    const PreparedLayer& p = model.layers[l];
+
+    // K/V (and Q for full layers) from the normed stream.
+    backend.RmsNorm(h, d, *p.attn_norm, T, d, c.rms_eps, xn, d);
+    float* q = qkv;
+    float* k = qkv + qd;
+    float* v = qkv + qd + kvd;
+    if (mode == LayerMode::kFull) {
+      backend.Linear(*p.qkv, xn, T, d, qkv, qkv_w, /*accumulate=*/false);
+    } else if (p.kv) {
+      backend.Linear(*p.kv, xn, T, d, k, qkv_w, false);
+    } else {
+      backend.Linear(*p.qkv, xn, T, d, qkv, qkv_w, false);  // full weights loaded: use them
+    }
+    if (p.bqkv) {
+      if (p.bqkv->size() == qkv_w) {
+        backend.AddBias(qkv, qkv_w, *p.bqkv, T, qkv_w);
+      } else {
+        backend.AddBias(k, qkv_w, *p.bqkv, T, 2 * kvd);
+      }
+    }
+    if (p.k_norm) {
+      // Per-head RMSNorm (Qwen3): each head is a row of head_dim.
+      for (int t = 0; t < T; ++t) {
+        backend.RmsNorm(k + int64_t{t} * qkv_w, hd, *p.k_norm, c.n_kv_heads, hd, c.rms_eps,
+                        k + int64_t{t} * qkv_w, hd);
+      }
+    }
+    backend.Rope(k, qkv_w, T, c.n_kv_heads, hd, angles);
+    for (const SeqInBatch& s : batch.seqs) {
+      const int64_t r = s.token_begin;
+      backend.WriteKv(k + r * qkv_w, v + r * qkv_w, s.n_tokens, qkv_w, c.n_kv_heads, hd,
+                      kv.Layer(s.kv_seq, l), s.n_past);
+    }
+    if (mode == LayerMode::kKvOnly) continue;
+
+    if (p.q_norm) {
+      for (int t = 0; t < T; ++t) {
+        backend.RmsNorm(q + int64_t{t} * qkv_w, hd, *p.q_norm, c.n_heads, hd, c.rms_eps,
+                        q + int64_t{t} * qkv_w, hd);
+      }
+    }
+    backend.Rope(q, qkv_w, T, c.n_heads, hd, angles);
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const SeqInBatch& s = batch.seqs[i];
+      AttentionArgs& a = attn_args[i];
+      a.q = q + int64_t{s.token_begin} * qkv_w;
+      a.q_stride = qkv_w;
+      a.n_q = s.n_tokens;
+      a.n_past = s.n_past;
+      a.n_heads = c.n_heads;
+      a.n_kv_heads = c.n_kv_heads;
+      a.head_dim = hd;
+      a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+      a.kv = kv.Layer(s.kv_seq, l);
+      a.out = attn + int64_t{s.token_begin} * qd;
+      a.out_stride = qd;
+    }
+    backend.Attention(attn_args);
+    backend.Linear(*p.wo, attn, T, qd, h, d, /*accumulate=*/true);
+
+    backend.RmsNorm(h, d, *p.ffn_norm, T, d, c.rms_eps, xn, d);
+    backend.Linear(*p.gate_up, xn, T, d, gu, 2 * ff, false);
+    backend.SwiGlu(gu, 2 * ff, T, ff, act, ff);
+    backend.Linear(*p.down, act, T, ff, h, d, /*accumulate=*/true);
+  }
+
+  if (logits == nullptr || batch.logit_rows.empty()) return absl::OkStatus();
+  const int R = static_cast<int>(batch.logit_rows.size());
+  float* rows = ws.Get(kLogitRows, size_t{1} * R * d);
+  backend.GatherRows(h, d, batch.logit_rows, d, rows, d);
+  backend.RmsNorm(rows, d, *model.output_norm, R, d, c.rms_eps, rows, d);
+  float* out = ws.Get(kLogits, size_t{1} * R * c.vocab_size);
+  backend.Linear(*model.output, rows, R, d, out, c.vocab_size, false);
+  logits->resize(size_t{1} * R * c.vocab_size);
+  backend.ToHost(out, logits->size(), logits->data());
+  return absl::OkStatus();
+}
+
+}  // namespace tripod

@@ -1,0 +1,49 @@
+// A model ready to run on a backend: the GGUF mapping, its config, and the weights the backend
+// prepared (fused Q|K|V and gate|up), limited to what a WeightSelection asks for.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/compute/backend.h"
+#include "common/model/gguf.h"
+#include "common/model/model_config.h"
+#include "common/model/weights.h"
+
+namespace tripod {
+
+struct PreparedLayer {
+  std::unique_ptr<PreparedVector> attn_norm, ffn_norm;
+  std::unique_ptr<PreparedMatrix> qkv;   // [q_dim + 2 kv_dim, d]  (kFull)
+  std::unique_ptr<PreparedMatrix> kv;    // [2 kv_dim, d]          (kKvOnly)
+  std::unique_ptr<PreparedVector> bqkv;  // Qwen2: [q_dim + 2 kv_dim] (kFull) or [2 kv_dim]
+  std::unique_ptr<PreparedVector> q_norm, k_norm;
+  std::unique_ptr<PreparedMatrix> wo;       // [d, q_dim]
+  std::unique_ptr<PreparedMatrix> gate_up;  // [2 d_ff, d]
+  std::unique_ptr<PreparedMatrix> down;     // [d, d_ff]
+};
+
+struct LoadedModel {
+  std::unique_ptr<GgufFile> gguf;
+  ModelConfig config;
+  ModelWeights weights;
+  WeightSelection selection;
+  std::vector<PreparedLayer> layers;
+  std::unique_ptr<PreparedVector> output_norm;
+  std::unique_ptr<PreparedMatrix> output;
+  std::vector<float> rope_inv_freq;  // [rope_dims / 2], scaling applied
+
+  // Bytes of weights this process holds for the model (prepared forms, GGUF bytes it reads).
+  size_t resident_weight_bytes() const;
+};
+
+// Opens `path` and prepares what `selection` needs on `backend` (which must outlive the model).
+absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, Backend& backend,
+                                                       const WeightSelection& selection = {});
+
+// The RoPE inverse frequencies: theta^(-2i/d), with Llama 3 scaling or rope_freqs divisors.
+std::vector<float> RopeInvFreq(const ModelConfig& config, const float* freq_factors);
+
+}  // namespace tripod

@@ -1,0 +1,32 @@
+// ForwardPlan: what one forward pass computes, per layer and for the output. Every node drives
+// the same forward pass with a plan; the forward pass never asks which node it runs in.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tripod {
+
+enum class LayerMode : uint8_t {
+  kFull,    // attention and FFN, writes its K/V
+  kKvOnly,  // POP's skipped layer: only its K/V, projected from the stream as it stands
+  kSkip,    // nothing (past a self-draft's depth)
+};
+
+struct ForwardPlan {
+  std::vector<LayerMode> layers;
+  bool output_head = true;  // final norm + head for StepBatch::logit_rows
+
+  static ForwardPlan Full(int n_layers);
+  // POP's prefill plan: the given layers K/V-only, the rest full, no head (the boundary token
+  // runs through the full model on the decode side).
+  static ForwardPlan PopPrefill(int n_layers, const std::vector<int>& skipped);
+  // A self-draft: the first `depth` layers in full, the rest skipped, with the head.
+  static ForwardPlan SelfDraft(int n_layers, int depth);
+
+  int count(LayerMode mode) const;
+  std::string DebugString() const;  // e.g. "F20 K10 head"
+};
+
+}  // namespace tripod

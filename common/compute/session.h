@@ -1,0 +1,59 @@
+// One model, one backend and one sequence's KV cache: the single-stream generation loop the
+// CLI and the forward benchmark use (prefill in chunks, then one token per step). The decode
+// worker's batched engine replaces this for serving.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/compute/backend.h"
+#include "common/compute/forward.h"
+#include "common/compute/model.h"
+#include "common/kv/contiguous_kv_cache.h"
+
+namespace tripod {
+
+// The bundled model: models/SmolLM2-135M-Instruct.Q4_1.gguf under the working directory, above
+// the running binary (build/<preset>/...), or in the source tree this was built from.
+std::string BundledModelPath();
+
+struct SessionOptions {
+  std::string model_path;          // empty: BundledModelPath()
+  std::string precision = "bf16";  // "fp32" | "bf16"
+  int context_tokens = 0;          // 0: the model's context length
+  int prefill_chunk = 1024;        // tokens per prefill forward
+};
+
+class Session {
+ public:
+  static absl::StatusOr<std::unique_ptr<Session>> Open(const SessionOptions& options);
+
+  const LoadedModel& model() const { return *model_; }
+  Backend& backend() { return *backend_; }
+  int n_cached() const { return static_cast<int>(tokens_.size()); }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+
+  // Drops cached tokens after the first n (keeps a common prefix for the next prompt).
+  void Truncate(int n);
+  // Appends `ids` (prefilled in chunks) and returns the logits of the last one ([vocab]); with
+  // all_logits, the logits of every appended token ([n, vocab]).
+  absl::StatusOr<std::vector<float>> Append(const std::vector<int32_t>& ids,
+                                            bool all_logits = false);
+  // Longest prefix of `ids` already in the cache (never all of it: the last token must run).
+  int CommonPrefix(const std::vector<int32_t>& ids) const;
+
+ private:
+  Session() = default;
+  SessionOptions options_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<ContiguousKvCache> kv_;
+  std::unique_ptr<ForwardWorkspace> ws_;
+  ForwardPlan plan_;
+  std::vector<int32_t> tokens_;
+};
+
+}  // namespace tripod

@@ -1,0 +1,43 @@
+// ContiguousKvCache; see contiguous_kv_cache.h.
+#include "common/kv/contiguous_kv_cache.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace tripod {
+
+absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(const KvLayout& layout,
+                                                                             int n_seqs,
+                                                                             int capacity_tokens) {
+  if (n_seqs <= 0 || capacity_tokens <= 0 || layout.n_layers <= 0) {
+    return absl::InvalidArgumentError("KV cache needs at least one sequence, slot and layer");
+  }
+  std::unique_ptr<ContiguousKvCache> c(new ContiguousKvCache());
+  c->layout_ = layout;
+  c->n_seqs_ = n_seqs;
+  c->capacity_ = capacity_tokens;
+  c->block_bytes_ = size_t{1} * layout.n_kv_heads * capacity_tokens * layout.head_dim *
+                    KvDtypeBytes(layout.dtype);
+  const size_t total = c->block_bytes_ * 2 * layout.n_layers * n_seqs;
+  if (total > (size_t{64} << 30)) {
+    return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", total, " bytes is too large"));
+  }
+  c->storage_.assign(total, 0);
+  return c;
+}
+
+KvLayerRef ContiguousKvCache::Layer(int32_t kv_seq, int layer) {
+  KvLayerRef r;
+  uint8_t* base =
+      storage_.data() + (static_cast<size_t>(kv_seq) * layout_.n_layers + layer) * 2 * block_bytes_;
+  r.k_base = base;
+  r.v_base = base + block_bytes_;
+  r.block_ids = &zero_;
+  r.n_blocks = 1;
+  r.block_tokens = capacity_;
+  r.block_bytes = block_bytes_;
+  r.dtype = layout_.dtype;
+  return r;
+}
+
+}  // namespace tripod

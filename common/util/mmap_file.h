@@ -1,0 +1,39 @@
+// A read-only memory mapping of a whole file, with bounds-checked sub-spans.
+// Parsing (GGUF) lives elsewhere; this only maps and checks ranges.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tripod {
+
+class MmapFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<MmapFile>> Open(const std::string& path);
+  // Wraps memory the caller owns (tests, fuzzing); nothing is unmapped.
+  static std::unique_ptr<MmapFile> FromMemory(const void* data, size_t size, std::string name);
+  ~MmapFile();
+  MmapFile(const MmapFile&) = delete;
+  MmapFile& operator=(const MmapFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+  // [offset, offset + length) or an OutOfRange error naming the file and the range.
+  absl::StatusOr<std::span<const uint8_t>> Range(uint64_t offset, uint64_t length) const;
+
+ private:
+  MmapFile() = default;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  bool owned_ = false;
+  std::string path_;
+};
+
+}  // namespace tripod

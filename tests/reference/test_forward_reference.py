@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""The C++ forward pass against the independent NumPy reference (numpy_forward.py).
+
+First the reference checks itself (it must be right before it can judge anything):
+  * its greedy answer to "What is the capital of France?" names Paris;
+  * float32 and float64 runs agree (rel L2 < 1e-4, same top-1);
+  * real text is likely under it (mean NLL bound), and much less likely with the wrong RoPE
+    pairing, so the adjacent-pair convention for Llama GGUFs is confirmed, not assumed.
+Then, for six prompts of 16..512 tokens, the last position's logits of `tripod logits`:
+  * fp32: rel L2 <= 1e-3 against the float64 reference, and the same top-1;
+  * bf16: rel L2 <= 3e-2.
+Run with --self-check-only to run the first part alone (no TRIPOD_BIN needed).
+"""
+
+import sys
+import time
+
+import ref_harness as H  # sets BLAS threads before numpy loads
+
+import numpy as np
+
+import numpy_forward
+import prompts
+import ref_tokenizer
+
+FP32_MAX_REL = 1e-3
+BF16_MAX_REL = 3e-2
+
+
+def self_check(model, model_path):
+  tok_eos = {ref_tokenizer.token_id(model_path, "<|im_end|>"),
+             ref_tokenizer.token_id(model_path, "<|endoftext|>")}
+  france = ref_tokenizer.encode(model_path, prompts.FRANCE)
+  t0 = time.time()
+  out = model.greedy(france, 24, eos=tok_eos)
+  text = ref_tokenizer.decode(model_path, out)
+  print(f"reference greedy answer ({time.time() - t0:.1f}s): {text!r}")
+  print(f"  ids: {out}")
+  assert "Paris" in text, f"reference greedy answer does not name Paris: {text!r}"
+
+  m32 = model.cast(np.float32)
+  for name, ids in prompts.reference_prompts(model_path)[:3]:
+    l64 = model.logits(ids)
+    l32 = m32.logits(ids)
+    err = H.rel_l2(l32, l64)
+    print(f"reference float32 vs float64, {name} ({len(ids)} tokens): rel L2 {err:.2e}")
+    assert err < 1e-4, f"reference float32 vs float64 rel L2 {err:.2e} >= 1e-4 on {name}"
+    assert np.argmax(l32) == np.argmax(l64), f"reference float32/float64 top-1 differ on {name}"
+
+  text_ids = ref_tokenizer.encode(model_path, prompts.LIGHTHOUSE)
+  nll = model.mean_nll(text_ids)
+  wrong = model.with_config(rope_neox=not model.config.rope_neox).mean_nll(text_ids)
+  print(f"reference mean NLL on prose: {nll:.3f} nats (ppl {np.exp(nll):.1f}); "
+        f"with the other RoPE pairing: {wrong:.3f} nats (ppl {np.exp(wrong):.1f})")
+  assert nll < 4.5, f"reference mean NLL {nll:.3f} nats is implausibly high for English prose"
+  assert wrong > nll + 0.8, "the RoPE pairing makes no clear difference: check the reference"
+
+
+def compare_with_cpp(model, model_path):
+  vocab = model.config.vocab
+  rows = []
+  failures = []
+  cases = [(name, ids, None) for name, ids in prompts.reference_prompts(model_path)]
+  # The chunked prefill path of `logits` too, on one mid-sized prompt.
+  name, ids = cases[2][0], cases[2][1]
+  cases.append((name, ids, 7))
+  ref_cache = {}
+  for name, ids, chunk in cases:
+    key = tuple(ids)
+    if key not in ref_cache:
+      ref_cache[key] = model.logits(ids)
+    ref = ref_cache[key]
+    fp32 = H.cpp_logits(ids, "fp32", vocab, chunk=chunk)
+    bf16 = H.cpp_logits(ids, "bf16", vocab, chunk=chunk)
+    e32 = H.rel_l2(fp32, ref)
+    e16 = H.rel_l2(bf16, ref)
+    top_ref = int(np.argmax(ref))
+    top32 = int(np.argmax(fp32))
+    top16 = int(np.argmax(bf16))
+    label = name if chunk is None else f"{name} chunk {chunk}"
+    rows.append((label, len(ids), f"{e32:.2e}", "yes" if top32 == top_ref else "NO",
+                 f"{e16:.2e}", "yes" if top16 == top_ref else "no"))
+    if not e32 <= FP32_MAX_REL:
+      failures.append(f"{label}: fp32 rel L2 {e32:.2e} > {FP32_MAX_REL}")
+    if top32 != top_ref:
+      failures.append(f"{label}: fp32 top-1 {top32} != reference {top_ref}")
+    if not e16 <= BF16_MAX_REL:
+      failures.append(f"{label}: bf16 rel L2 {e16:.2e} > {BF16_MAX_REL}")
+  H.print_table(("prompt", "tokens", "fp32 rel L2", "fp32 top1", "bf16 rel L2", "bf16 top1"),
+                rows)
+  assert not failures, "; ".join(failures)
+
+
+def main():
+  self_only = "--self-check-only" in sys.argv[1:]
+  model_path = H.model_path()
+  if not self_only:
+    H.tripod_bin()  # fail early and clearly when the binary is missing
+  t0 = time.time()
+  model = numpy_forward.ReferenceModel(model_path, np.float64)
+  print(f"reference model loaded in {time.time() - t0:.1f}s: {model.config}")
+  self_check(model, model_path)
+  if not self_only:
+    compare_with_cpp(model, model_path)
+
+
+if __name__ == "__main__":
+  H.main_wrapper(main)

@@ -1,0 +1,255 @@
+// Tests for AttentionCpu and WriteKvCpu: every ISA path on this CPU against a naive double
+// softmax over the stored K/V, for paged (shuffled blocks) caches, f32 / f16 / bf16 KV, decode
+// (incl. the split-slot path), prefill tiles, odd sizes and several sequences in one call.
+#include "common/compute/cpu/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/compute/cpu/cpu_features.h"
+#include "common/model/quant_types.h"
+#include "gtest/gtest.h"
+
+namespace tripod {
+namespace {
+
+std::vector<IsaLevel> Levels() {
+  SetIsaCap(IsaLevel::kAmx);
+  std::vector<IsaLevel> out;
+  for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512}) {
+    if (l <= ActiveIsa()) out.push_back(l);
+  }
+  return out;
+}
+
+struct PagedKv {
+  std::vector<uint8_t> k, v;
+  std::vector<int32_t> ids;
+  KvLayerRef ref;
+};
+
+PagedKv MakeKv(KvDtype dt, int n_kv, int head_dim, int block_tokens, int slots, std::mt19937& rng) {
+  PagedKv kv;
+  const int n_blocks = (slots + block_tokens - 1) / block_tokens;
+  const size_t block_bytes = size_t(n_kv) * block_tokens * head_dim * KvDtypeBytes(dt);
+  const int physical = n_blocks + 2;
+  kv.k.assign(physical * block_bytes, 0xcd);
+  kv.v.assign(physical * block_bytes, 0xcd);
+  std::vector<int32_t> perm(physical);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  kv.ids.assign(perm.begin(), perm.begin() + n_blocks);
+  kv.ref =
+      KvLayerRef{kv.k.data(), kv.v.data(), kv.ids.data(), n_blocks, block_tokens, block_bytes, dt};
+  return kv;
+}
+
+float Stored(const uint8_t* p, KvDtype dt) {
+  if (dt == KvDtype::kF32) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return dt == KvDtype::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
+}
+
+struct Seq {
+  int n_q, n_past, n_heads, n_kv, head_dim;
+  KvDtype dt;
+  int block_tokens;
+};
+
+struct SeqData {
+  PagedKv kv;
+  std::vector<float> q, kf, vf;  // kf / vf: the fp32 rows written, [slots][n_kv * head_dim]
+  AttentionArgs args;
+  std::vector<float> out;
+};
+
+void Prepare(const Seq& s, std::mt19937& rng, SeqData& d) {
+  const int slots = s.n_past + s.n_q;
+  const int kvw = s.n_kv * s.head_dim;
+  d.kv = MakeKv(s.dt, s.n_kv, s.head_dim, s.block_tokens, slots, rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  d.kf.resize(size_t(slots) * kvw);
+  d.vf.resize(size_t(slots) * kvw);
+  for (float& x : d.kf) x = nd(rng);
+  for (float& x : d.vf) x = nd(rng);
+  // Written in two pieces to exercise slot_begin.
+  const int first = slots / 3;
+  WriteKvCpu(d.kf.data(), d.vf.data(), first, kvw, s.n_kv, s.head_dim, d.kv.ref, 0);
+  WriteKvCpu(d.kf.data() + size_t(first) * kvw, d.vf.data() + size_t(first) * kvw, slots - first,
+             kvw, s.n_kv, s.head_dim, d.kv.ref, first);
+  const int qw = s.n_heads * s.head_dim;
+  d.q.resize(size_t(s.n_q) * (qw + 5));
+  for (float& x : d.q) x = 1.5f * nd(rng);
+  d.out.assign(size_t(s.n_q) * (qw + 3), -9.0f);
+  d.args = AttentionArgs{d.q.data(), qw + 5,       s.n_q,      s.n_past,
+                         s.n_heads,  s.n_kv,       s.head_dim, 1.0f / std::sqrt(float(s.head_dim)),
+                         d.kv.ref,   d.out.data(), qw + 3};
+}
+
+void CheckAgainstReference(const Seq& s, const SeqData& d, IsaLevel isa) {
+  const int g = s.n_heads / s.n_kv, D = s.head_dim;
+  for (int i = 0; i < s.n_q; ++i) {
+    for (int h = 0; h < s.n_heads; ++h) {
+      const int kvh = h / g;
+      const int last = s.n_past + i;
+      std::vector<double> sc(last + 1);
+      double mx = -1e300;
+      for (int t = 0; t <= last; ++t) {
+        double dot = 0;
+        for (int e = 0; e < D; ++e) {
+          dot += double(d.q[i * d.args.q_stride + h * D + e]) *
+                 Stored(d.kv.ref.k_at(t, kvh, D) + e * KvDtypeBytes(s.dt), s.dt);
+        }
+        sc[t] = dot * d.args.scale;
+        mx = std::max(mx, sc[t]);
+      }
+      double den = 0;
+      for (double& x : sc) den += (x = std::exp(x - mx));
+      for (int e = 0; e < D; ++e) {
+        double ref = 0;
+        for (int t = 0; t <= last; ++t) {
+          ref += sc[t] * Stored(d.kv.ref.v_at(t, kvh, D) + e * KvDtypeBytes(s.dt), s.dt);
+        }
+        ref /= den;
+        ASSERT_NEAR(d.out[i * d.args.out_stride + h * D + e], ref, 2e-5 * (1 + std::fabs(ref)))
+            << "isa=" << IsaName(isa) << " n_q=" << s.n_q << " n_past=" << s.n_past << " D=" << D
+            << " i=" << i << " h=" << h << " e=" << e;
+      }
+    }
+    for (int e = s.n_heads * D; e < d.args.out_stride; ++e) {
+      ASSERT_EQ(d.out[i * d.args.out_stride + e], -9.0f);
+    }
+  }
+}
+
+void RunCases(const std::vector<Seq>& seqs, bool together) {
+  for (IsaLevel isa : Levels()) {
+    SetIsaCap(isa);
+    std::mt19937 rng(77);
+    std::vector<SeqData> data(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) Prepare(seqs[i], rng, data[i]);
+    if (together) {
+      std::vector<AttentionArgs> args;
+      for (const SeqData& d : data) args.push_back(d.args);
+      AttentionCpu(args);
+    } else {
+      for (const SeqData& d : data) AttentionCpu(std::span<const AttentionArgs>(&d.args, 1));
+    }
+    for (size_t i = 0; i < seqs.size(); ++i) CheckAgainstReference(seqs[i], data[i], isa);
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
+TEST(AttentionCpuTest, DecodeF32) {
+  RunCases({{1, 0, 9, 3, 64, KvDtype::kF32, 16},
+            {1, 100, 9, 3, 64, KvDtype::kF32, 16},
+            {1, 1500, 9, 3, 64, KvDtype::kF32, 256}},
+           false);
+}
+
+TEST(AttentionCpuTest, DecodeHalfFormats) {
+  RunCases({{1, 700, 9, 3, 64, KvDtype::kF16, 32}, {1, 333, 9, 3, 64, KvDtype::kBF16, 16}}, false);
+}
+
+TEST(AttentionCpuTest, ShortPrefillAndVerify) {
+  // Few queries over a long past (speculative verification, chunked prefill tails).
+  RunCases({{3, 50, 9, 3, 64, KvDtype::kF32, 16}, {5, 900, 9, 3, 64, KvDtype::kF16, 64}}, false);
+}
+
+TEST(AttentionCpuTest, PrefillTiles) {
+  RunCases({{7, 13, 9, 3, 64, KvDtype::kF32, 16},
+            {40, 0, 9, 3, 64, KvDtype::kF32, 8},
+            {100, 37, 9, 3, 64, KvDtype::kBF16, 16},
+            {130, 200, 9, 3, 64, KvDtype::kF16, 1000}},
+           false);
+}
+
+TEST(AttentionCpuTest, OtherShapes) {
+  RunCases({{20, 5, 4, 4, 32, KvDtype::kF32, 16},   // no grouping, head_dim 32
+            {9, 70, 8, 2, 48, KvDtype::kF32, 16},   // head_dim 48: scalar fallback
+            {33, 3, 8, 2, 128, KvDtype::kF16, 16},  // group of 4, head_dim 128
+            {1, 90, 8, 1, 16, KvDtype::kBF16, 7}},
+           false);
+}
+
+TEST(AttentionCpuTest, BatchOfSequences) {
+  RunCases({{1, 300, 9, 3, 64, KvDtype::kF16, 16},
+            {1, 0, 9, 3, 64, KvDtype::kF16, 16},
+            {50, 10, 9, 3, 64, KvDtype::kF16, 16},
+            {2, 600, 9, 3, 64, KvDtype::kF16, 16}},
+           true);
+}
+
+TEST(AttentionCpuTest, BadArgsAreIgnored) {
+  AttentionArgs a;  // all null
+  AttentionCpu(std::span<const AttentionArgs>(&a, 1));
+  SUCCEED();
+}
+
+TEST(WriteKvCpuTest, ConversionsMatchReference) {
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            65504.0f,
+                            65519.0f,
+                            65520.0f,
+                            1e-6f,
+                            6e-8f,
+                            3e-8f,
+                            -2.5e-5f,
+                            1e30f,
+                            -1e-40f,
+                            0.1f,
+                            -3.14159f,
+                            1.0f + 1.0f / 2048,
+                            1.0f + 3.0f / 4096,
+                            std::numeric_limits<float>::infinity()};
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 10.0f);
+  const int n_kv = 2, D = 64, n = 11;
+  std::vector<float> rows(n * n_kv * D);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = i < std::size(specials) ? specials[i] : nd(rng);
+  }
+  for (IsaLevel isa : Levels()) {
+    SetIsaCap(isa);
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}) {
+      PagedKv kv = MakeKv(dt, n_kv, D, 4, n + 3, rng);
+      WriteKvCpu(rows.data(), rows.data(), n, n_kv * D, n_kv, D, kv.ref, 3);
+      for (int t = 0; t < n; ++t) {
+        for (int h = 0; h < n_kv; ++h) {
+          for (int e = 0; e < D; ++e) {
+            const float x = rows[(t * n_kv + h) * D + e];
+            const uint8_t* pk = kv.ref.k_at(3 + t, h, D) + e * KvDtypeBytes(dt);
+            const uint8_t* pv = kv.ref.v_at(3 + t, h, D) + e * KvDtypeBytes(dt);
+            if (dt == KvDtype::kF32) {
+              ASSERT_EQ(std::memcmp(pk, &x, 4), 0);
+              ASSERT_EQ(std::memcmp(pv, &x, 4), 0);
+              continue;
+            }
+            const uint16_t want = dt == KvDtype::kF16 ? Fp32ToFp16(x) : Fp32ToBf16(x);
+            uint16_t gk, gv;
+            std::memcpy(&gk, pk, 2);
+            std::memcpy(&gv, pv, 2);
+            ASSERT_EQ(gk, want) << IsaName(isa) << " x=" << x << " dt=" << int(dt);
+            ASSERT_EQ(gv, want);
+          }
+        }
+      }
+    }
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
+}  // namespace
+}  // namespace tripod

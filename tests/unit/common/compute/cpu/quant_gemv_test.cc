@@ -1,0 +1,190 @@
+// Tests for QuantGemm: every ISA path on this CPU against a double-precision reference built
+// from the model library's dequantiser, for every weight type, odd m / n and row tails.
+#include "common/compute/cpu/quant_gemv.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/compute/cpu/cpu_features.h"
+#include "gtest/gtest.h"
+
+namespace tripod {
+namespace {
+
+std::vector<IsaLevel> Levels() {
+  SetIsaCap(IsaLevel::kAmx);
+  std::vector<IsaLevel> out;
+  for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512}) {
+    if (l <= ActiveIsa()) out.push_back(l);
+  }
+  return out;
+}
+
+struct TestMatrix {
+  std::vector<uint8_t> bytes;
+  std::vector<float> deq;  // n x k, via DequantizeRow
+  QuantMatrix m;
+};
+
+void PutHalf(uint8_t* p, float f) {
+  const uint16_t h = Fp32ToFp16(f);
+  std::memcpy(p, &h, 2);
+}
+
+TestMatrix MakeMatrix(GgmlType type, int64_t n, int64_t k, std::mt19937& rng) {
+  TestMatrix t;
+  const int64_t row_bytes = RowBytes(type, k).value();
+  t.bytes.resize(n * row_bytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  const int be = TypeInfo(type).block_elems, bb = TypeInfo(type).block_bytes;
+  for (int64_t j = 0; j < n; ++j) {
+    uint8_t* row = t.bytes.data() + j * row_bytes;
+    if (type == GgmlType::kF32) {
+      for (int64_t i = 0; i < k; ++i) {
+        const float f = u(rng);
+        std::memcpy(row + 4 * i, &f, 4);
+      }
+      continue;
+    }
+    if (type == GgmlType::kF16 || type == GgmlType::kBF16) {
+      for (int64_t i = 0; i < k; ++i) {
+        const uint16_t h = type == GgmlType::kF16 ? Fp32ToFp16(u(rng)) : Fp32ToBf16(u(rng));
+        std::memcpy(row + 2 * i, &h, 2);
+      }
+      continue;
+    }
+    for (int64_t i = 0; i < row_bytes; ++i) row[i] = static_cast<uint8_t>(byte(rng));
+    // Sane fp16 scales (random bits could be inf / NaN).
+    for (int64_t b = 0; b < k / be; ++b) {
+      uint8_t* blk = row + b * bb;
+      switch (type) {
+        case GgmlType::kQ4_0:
+        case GgmlType::kQ8_0:
+          PutHalf(blk, 0.01f + 0.05f * std::fabs(u(rng)));
+          break;
+        case GgmlType::kQ4_1:
+          PutHalf(blk, 0.01f + 0.05f * std::fabs(u(rng)));
+          PutHalf(blk + 2, 0.3f * u(rng));
+          break;
+        case GgmlType::kQ4_K:
+        case GgmlType::kQ5_K:
+          PutHalf(blk, 0.001f + 0.01f * std::fabs(u(rng)));
+          PutHalf(blk + 2, 0.001f + 0.01f * std::fabs(u(rng)));
+          break;
+        case GgmlType::kQ6_K:
+          PutHalf(blk + 208, 0.001f + 0.01f * std::fabs(u(rng)));
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  t.deq.resize(n * k);
+  for (int64_t j = 0; j < n; ++j)
+    DequantizeRow(type, t.bytes.data() + j * row_bytes, &t.deq[j * k], k);
+  t.m = QuantMatrix{type, t.bytes.data(), n, k, row_bytes};
+  return t;
+}
+
+struct Case {
+  GgmlType type;
+  int64_t n, k;
+};
+
+void CheckAll(const Case& c, GemvMode mode) {
+  std::mt19937 rng(1234 + static_cast<int>(c.type) * 7 + static_cast<int>(c.k));
+  TestMatrix t = MakeMatrix(c.type, c.n, c.k, rng);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int m : {1, 2, 3, 4, 5, 7, 16}) {
+    const int64_t ldx = c.k + 3, ldy = c.n + 5;
+    std::vector<float> x(m * ldx);
+    for (float& v : x) v = nd(rng);
+    // Int8 mode: the error of quantising x is bounded per block by d_x / 2 * sum |w|.
+    const bool int8 =
+        mode == GemvMode::kInt8 &&
+        (c.type == GgmlType::kQ4_0 || c.type == GgmlType::kQ4_1 || c.type == GgmlType::kQ8_0);
+    std::vector<float> scalar_y;
+    std::vector<double> mags(m * ldy, 0.0);
+    for (IsaLevel isa : Levels()) {
+      SetIsaCap(isa);
+      std::vector<float> y(m * ldy, -7.0f);
+      QuantGemm(t.m, x.data(), m, ldx, y.data(), ldy, mode);
+      for (int i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          double ref = 0, mag = 0, qerr = 0;
+          for (int64_t b = 0; b < c.k; b += 32) {
+            double amax = 0, wsum = 0;
+            for (int64_t t2 = b; t2 < std::min<int64_t>(b + 32, c.k); ++t2) {
+              const double w = t.deq[j * c.k + t2], xv = x[i * ldx + t2];
+              ref += w * xv;
+              mag += std::fabs(w * xv);
+              amax = std::max(amax, std::fabs(xv));
+              wsum += std::fabs(w);
+            }
+            qerr += amax / 127.0 / 2.0 * wsum;
+          }
+          mags[i * ldy + j] = mag;
+          const double tol = int8 ? qerr * 1.01 + 1e-5 * mag + 1e-6 : 1e-5 * mag + 1e-6;
+          ASSERT_NEAR(y[i * ldy + j], ref, tol)
+              << TypeInfo(c.type).name << " isa=" << IsaName(isa) << " m=" << m << " i=" << i
+              << " j=" << j << " k=" << c.k;
+        }
+        // Padding between rows is untouched.
+        for (int64_t j = c.n; j < ldy; ++j) ASSERT_EQ(y[i * ldy + j], -7.0f);
+      }
+      if (int8) {
+        // Vector int8 paths do the same integer arithmetic as the scalar one.
+        if (isa == IsaLevel::kScalar) {
+          scalar_y = y;
+        } else {
+          for (size_t e = 0; e < y.size(); ++e) {
+            ASSERT_NEAR(y[e], scalar_y[e], 1e-5 * mags[e] + 1e-6) << IsaName(isa) << " e=" << e;
+          }
+        }
+      }
+    }
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
+const Case kCases[] = {
+    {GgmlType::kQ4_0, 37, 64},   {GgmlType::kQ4_1, 300, 576}, {GgmlType::kQ4_1, 5, 32},
+    {GgmlType::kQ8_0, 129, 576}, {GgmlType::kQ8_0, 3, 96},    {GgmlType::kF32, 17, 37},
+    {GgmlType::kF32, 40, 576},   {GgmlType::kF16, 33, 100},   {GgmlType::kBF16, 19, 71},
+    {GgmlType::kF16, 8, 5},      {GgmlType::kQ4_K, 9, 512},   {GgmlType::kQ5_K, 4, 256},
+    {GgmlType::kQ6_K, 6, 256},
+};
+
+TEST(QuantGemmTest, F32ModeMatchesDoubleReference) {
+  for (const Case& c : kCases) CheckAll(c, GemvMode::kF32);
+}
+
+TEST(QuantGemmTest, Int8ModeWithinQuantisationError) {
+  for (const Case& c : kCases) CheckAll(c, GemvMode::kInt8);
+}
+
+TEST(QuantGemmTest, InvalidRowLengthGivesNaN) {
+  std::vector<uint8_t> bytes(64, 0);
+  QuantMatrix w{GgmlType::kQ4_1, bytes.data(), 2, 33, 40};  // 33 is not a multiple of 32
+  std::vector<float> x(33, 1.0f), y(2, 0.0f);
+  QuantGemm(w, x.data(), 1, 33, y.data(), 2, GemvMode::kF32);
+  EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1]));
+}
+
+TEST(QuantGemmTest, ZeroActivationsGiveZero) {
+  std::mt19937 rng(5);
+  TestMatrix t = MakeMatrix(GgmlType::kQ4_1, 10, 64, rng);
+  std::vector<float> x(64, 0.0f), y(10, 1.0f);
+  for (IsaLevel isa : Levels()) {
+    SetIsaCap(isa);
+    QuantGemm(t.m, x.data(), 1, 64, y.data(), 10, GemvMode::kInt8);
+    for (float v : y) EXPECT_EQ(v, 0.0f) << IsaName(isa);
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
+}  // namespace
+}  // namespace tripod

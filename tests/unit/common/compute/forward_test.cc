@@ -1,0 +1,144 @@
+// Forward-pass properties on the bundled model: chunking and multi-sequence batching leave the
+// logits unchanged (fp32 path), bad batches are rejected. Exact values are checked against the
+// NumPy reference in tests/reference/.
+#include "common/compute/forward.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+
+#include "common/compute/cpu/cpu_backend.h"
+#include "common/kv/contiguous_kv_cache.h"
+
+namespace tripod {
+namespace {
+
+class ForwardTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const char* path = std::getenv("TRIPOD_MODEL");
+    if (path == nullptr) return;
+    backend_ = MakeCpuBackend(*CpuOptionsForPrecision("fp32")).release();
+    auto m = LoadModel(path, *backend_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    model_ = m->release();
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete backend_;
+    model_ = nullptr;
+    backend_ = nullptr;
+  }
+  void SetUp() override {
+    if (model_ == nullptr) GTEST_SKIP() << "TRIPOD_MODEL is not set";
+  }
+
+  std::unique_ptr<ContiguousKvCache> NewCache(int n_seqs, int capacity) {
+    const ModelConfig& c = model_->config;
+    KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32};
+    return *ContiguousKvCache::Create(layout, n_seqs, capacity);
+  }
+
+  // Logits of the last token of `ids`, prefilled `chunk` tokens at a time.
+  std::vector<float> LastLogits(const std::vector<int32_t>& ids, int chunk) {
+    auto kv = NewCache(1, 256);
+    ForwardWorkspace ws(*backend_);
+    const ForwardPlan plan = ForwardPlan::Full(model_->config.n_layers);
+    std::vector<float> logits;
+    for (size_t b = 0; b < ids.size(); b += chunk) {
+      const int n = static_cast<int>(std::min<size_t>(chunk, ids.size() - b));
+      StepBatch batch;
+      batch.AddSequence(0, ids.data() + b, n, static_cast<int>(b), static_cast<int>(b),
+                        b + n == ids.size());
+      EXPECT_TRUE(Forward(*model_, *backend_, plan, batch, *kv, ws, &logits).ok());
+    }
+    return logits;
+  }
+
+  static Backend* backend_;
+  static LoadedModel* model_;
+};
+Backend* ForwardTest::backend_ = nullptr;
+LoadedModel* ForwardTest::model_ = nullptr;
+
+double RelL2(const std::vector<float>& a, const std::vector<float>& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * double(a[i] - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+int Argmax(const std::vector<float>& v) {
+  return static_cast<int>(std::max_element(v.begin(), v.end()) - v.begin());
+}
+
+std::vector<int32_t> SomeIds(int n, int seed) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = 100 + (seed * 7919 + i * 104729) % 40000;
+  return ids;
+}
+
+TEST_F(ForwardTest, ChunkedPrefillMatchesWholePrefill) {
+  const std::vector<int32_t> ids = SomeIds(40, 1);
+  const std::vector<float> whole = LastLogits(ids, 40);
+  ASSERT_EQ(whole.size(), static_cast<size_t>(model_->config.vocab_size));
+  for (int chunk : {1, 7, 16}) {
+    const std::vector<float> part = LastLogits(ids, chunk);
+    EXPECT_LT(RelL2(part, whole), 1e-4) << "chunk " << chunk;
+    EXPECT_EQ(Argmax(part), Argmax(whole)) << "chunk " << chunk;
+  }
+}
+
+TEST_F(ForwardTest, BatchOfSequencesMatchesEachAlone) {
+  const std::vector<int32_t> a = SomeIds(13, 2), b = SomeIds(29, 3), c = SomeIds(5, 4);
+  auto kv = NewCache(3, 64);
+  ForwardWorkspace ws(*backend_);
+  StepBatch batch;
+  batch.AddSequence(0, a.data(), 13, 0, 0, true);
+  batch.AddSequence(1, b.data(), 29, 0, 0, true);
+  batch.AddSequence(2, c.data(), 5, 0, 0, true);
+  std::vector<float> logits;
+  ASSERT_TRUE(Forward(*model_, *backend_, ForwardPlan::Full(model_->config.n_layers), batch, *kv,
+                      ws, &logits)
+                  .ok());
+  const size_t V = model_->config.vocab_size;
+  ASSERT_EQ(logits.size(), 3 * V);
+  int i = 0;
+  for (const auto* ids : {&a, &b, &c}) {
+    const std::vector<float> alone = LastLogits(*ids, static_cast<int>(ids->size()));
+    const std::vector<float> in_batch(logits.begin() + i * V, logits.begin() + (i + 1) * V);
+    EXPECT_LT(RelL2(in_batch, alone), 1e-4) << "sequence " << i;
+    EXPECT_EQ(Argmax(in_batch), Argmax(alone));
+    ++i;
+  }
+}
+
+TEST_F(ForwardTest, RejectsOutOfVocabularyToken) {
+  auto kv = NewCache(1, 8);
+  ForwardWorkspace ws(*backend_);
+  StepBatch batch;
+  const int32_t bad[] = {1, model_->config.vocab_size};
+  batch.AddSequence(0, bad, 2, 0, 0, true);
+  std::vector<float> logits;
+  const absl::Status s =
+      Forward(*model_, *backend_, ForwardPlan::Full(model_->config.n_layers), batch, *kv, ws,
+              &logits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("vocabulary"), std::string::npos) << s;
+}
+
+TEST_F(ForwardTest, RejectsPlanOfWrongDepth) {
+  auto kv = NewCache(1, 8);
+  ForwardWorkspace ws(*backend_);
+  StepBatch batch;
+  const int32_t ids[] = {1, 2};
+  batch.AddSequence(0, ids, 2, 0, 0, true);
+  std::vector<float> logits;
+  EXPECT_FALSE(Forward(*model_, *backend_, ForwardPlan::Full(3), batch, *kv, ws, &logits).ok());
+}
+
+}  // namespace
+}  // namespace tripod
