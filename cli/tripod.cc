@@ -44,7 +44,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0, "frequency penalty");
 ABSL_FLAG(uint64_t, seed, 0, "random seed");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(bool, stats, false, "print prefill and decode tokens/s to stderr");
-ABSL_FLAG(std::string, precision, "bf16", "fp32 (exact path) | bf16 (reduced precision, fast)");
+ABSL_FLAG(std::string, precision, "auto",
+          "fp32 (exact path) | bf16 | int8 (reduced precision) | auto (bf16 if the CPU has it, "
+          "else int8)");
 ABSL_FLAG(int, chunk, 1024, "prefill chunk size in tokens (1 = token by token)");
 ABSL_FLAG(int, context, 0, "KV capacity in tokens (default: the model's context length)");
 ABSL_FLAG(bool, print_ids, false, "generate: print the generated ids instead of text");

@@ -22,7 +22,7 @@ std::string BundledModelPath();
 
 struct SessionOptions {
   std::string model_path;          // empty: BundledModelPath()
-  std::string precision = "bf16";  // "fp32" | "bf16"
+  std::string precision = "auto";  // fp32 | bf16 | int8 | auto (CpuOptionsForPrecision)
   int context_tokens = 0;          // 0: the model's context length
   int prefill_chunk = 1024;        // tokens per prefill forward
 };

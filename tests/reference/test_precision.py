@@ -20,7 +20,7 @@ import ref_tokenizer
 WINDOWS = 5
 WINDOW = 2048
 MIN_AGREEMENT = 0.99
-MAX_FP32_NLL = 3.0  # nats/token; license text is highly predictable for any working model
+MAX_FP32_NLL = 3.5  # nats/token; the reference gives 2.65..2.98 per window, chance is 10.8
 
 
 def mean_nll(logits, targets):

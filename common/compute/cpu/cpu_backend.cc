@@ -44,15 +44,16 @@ class CpuMatrix final : public PreparedMatrix {
     return b;
   }
 
-  const DnnlLinear& Gemm() const {
+  // Dequantises the parts to fp32 and has oneDNN prepack them, once.
+  absl::Status EnsureGemm() const {
     std::call_once(gemm_once, [this] {
       std::vector<float> w(static_cast<size_t>(n_) * k_);
       ParallelFor(n_, [&](int64_t r0, int64_t r1) {
         for (const Part& p : parts) {
-          for (int64_t r = std::max(r0, p.row_begin); r < std::min(r1, p.row_begin + p.q.n); ++r) {
-            DequantizeRow(p.q.type,
-                          static_cast<const uint8_t*>(p.q.data) + (r - p.row_begin) * p.q.row_bytes,
-                          w.data() + r * k_, k_);
+          const int64_t end = std::min(r1, p.row_begin + p.q.n);
+          for (int64_t r = std::max(r0, p.row_begin); r < end; ++r) {
+            const auto* src = static_cast<const uint8_t*>(p.q.data);
+            DequantizeRow(p.q.type, src + (r - p.row_begin) * p.q.row_bytes, w.data() + r * k_, k_);
           }
         }
       });
@@ -63,8 +64,13 @@ class CpuMatrix final : public PreparedMatrix {
         gemm_status = g.status();
       }
     });
-    if (!gemm) {
-      std::fprintf(stderr, "tripod: GEMM preparation failed: %s\n", gemm_status.ToString().c_str());
+    return gemm_status;
+  }
+
+  const DnnlLinear& Gemm() const {
+    if (absl::Status s = EnsureGemm(); !s.ok()) {
+      // Only reachable without prepack_at_load, where preparation errors surface at first use.
+      std::fprintf(stderr, "tripod: GEMM preparation failed: %s\n", s.ToString().c_str());
       std::abort();
     }
     return *gemm;
@@ -124,7 +130,8 @@ class CpuBackend final : public Backend {
   std::string name() const override {
     return absl::StrCat("cpu(", IsaName(ActiveIsa()), ", gemm ",
                         opts_.gemm == GemmPrecision::kBF16 ? "bf16" : "fp32", ", gemv ",
-                        opts_.gemv == GemvMode::kInt8 ? "int8" : "fp32", ")");
+                        opts_.gemv == GemvMode::kInt8 ? "int8" : "fp32", ", kv ",
+                        opts_.kv == KvDtype::kF32 ? "f32" : "f16", ")");
   }
 
   float* Alloc(size_t floats) override {
@@ -156,6 +163,7 @@ class CpuBackend final : public Backend {
       m->parts.push_back({q, m->n_});
       m->n_ += t->rows();
     }
+    if (opts_.prepack_at_load) RETURN_IF_ERROR(m->EnsureGemm());
     return std::unique_ptr<PreparedMatrix>(std::move(m));
   }
 
@@ -272,18 +280,31 @@ class CpuBackend final : public Backend {
 }  // namespace
 
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision) {
+  const CpuFeatures& f = GetCpuFeatures();
+  const bool bf16_hw = f.amx_bf16 || f.avx512bf16;
   CpuBackendOptions o;
-  if (precision == "fp32") {
-    o.gemm = GemmPrecision::kF32;
-    o.gemv = GemvMode::kF32;
-  } else if (precision == "bf16") {
-    o.gemm = GemmPrecision::kBF16;
-    o.gemv = GemvMode::kInt8;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown precision '", std::string(precision), "' (expected fp32 or bf16)"));
+  if (precision == "fp32") return o;
+  o.kv = KvDtype::kF16;
+  if (precision == "auto") {
+    // Decode is bandwidth-bound, so fp32 GEMVs cost no more than int8 ones and lose nothing;
+    // prefill gains from bf16 only where the CPU multiplies bf16 in hardware.
+    if (bf16_hw) o.gemm = GemmPrecision::kBF16;
+    return o;
   }
-  return o;
+  if (precision == "int8") {
+    o.gemv = GemvMode::kInt8;
+    return o;
+  }
+  if (precision == "bf16") {
+    if (!bf16_hw) {
+      return absl::FailedPreconditionError(
+          "precision bf16 needs AMX or AVX512_BF16, which this CPU lacks; use int8 or auto");
+    }
+    o.gemm = GemmPrecision::kBF16;
+    return o;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown precision '", std::string(precision),
+                                                 "' (expected fp32, bf16, int8 or auto)"));
 }
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options) {

@@ -13,10 +13,18 @@ namespace tripod {
 struct CpuBackendOptions {
   GemmPrecision gemm = GemmPrecision::kF32;  // prefill GEMMs
   GemvMode gemv = GemvMode::kF32;            // decode GEMVs
-  int gemv_max_rows = 8;  // Linear with at most this many rows uses QuantGemm, more: oneDNN
+  int gemv_max_rows = 16;      // Linear with at most this many rows uses QuantGemm, more: oneDNN
+  KvDtype kv = KvDtype::kF32;  // what callers should store K/V as
+  // Prepack GEMM weights when a matrix is prepared, rather than on its first large batch, so
+  // that the first prompt does not pay for it.
+  bool prepack_at_load = true;
 };
 
-// The two paths the CLI offers: "fp32" (exact reference path) and "bf16" (reduced precision).
+// The precision paths, by name:
+//  "fp32": fp32 activations everywhere, fp32 KV (the exact reference path);
+//  "bf16": bf16 prefill GEMMs (AMX / AVX512_BF16 only), fp32 decode GEMVs, f16 KV;
+//  "int8": fp32 prefill GEMMs, int8-activation decode GEMVs, f16 KV;
+//  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware, fp32 GEMVs, f16 KV.
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision);
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);
