@@ -54,7 +54,7 @@ std::vector<float> RopeInvFreq(const ModelConfig& c, const float* freq_factors) 
         f = (1 - smooth) * f / s.factor + smooth * f;
       }
     }
-    inv[i] = static_cast<float>(f);
+    inv[i] = static_cast<float>(f / c.rope_scaling.linear_factor);
   }
   return inv;
 }

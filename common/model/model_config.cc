@@ -103,6 +103,26 @@ absl::StatusOr<ModelConfig> ReadModelConfig(const GgufFile& gguf) {
         ASSIGN_OR_RETURN(c.rope_scaling.original_context,
                          GetPositiveInt(gguf, p + "rope.scaling.original_context_length"));
       }
+      if (gguf.Find(p + "rope.scaling.low_freq_factor") != nullptr) {
+        ASSIGN_OR_RETURN(double lo, gguf.GetFloat(p + "rope.scaling.low_freq_factor"));
+        c.rope_scaling.low_freq_factor = static_cast<float>(lo);
+      }
+      if (gguf.Find(p + "rope.scaling.high_freq_factor") != nullptr) {
+        ASSIGN_OR_RETURN(double hi, gguf.GetFloat(p + "rope.scaling.high_freq_factor"));
+        c.rope_scaling.high_freq_factor = static_cast<float>(hi);
+      }
+      const RopeScaling& s = c.rope_scaling;
+      // RopeInvFreq divides by (high - low).
+      if (!(s.factor > 0 && s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "llama3 rope scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0 (", p,
+            "rope.scaling.*)"));
+      }
+    } else if (type == "linear") {
+      // Linear (position interpolation): every frequency divided by the factor.
+      ASSIGN_OR_RETURN(double f, gguf.GetFloat(p + "rope.scaling.factor"));
+      if (!(f > 0)) return absl::InvalidArgumentError(p + "rope.scaling.factor must be > 0");
+      c.rope_scaling.linear_factor = static_cast<float>(f);
     } else if (type != "none") {
       return absl::UnimplementedError(
           absl::StrCat("unsupported rope scaling type '", type, "' (", p, "rope.scaling.type)"));

@@ -30,6 +30,7 @@ struct RopeScaling {
   float low_freq_factor = 1.0f;
   float high_freq_factor = 4.0f;
   int original_context = 8192;
+  float linear_factor = 1.0f;  // "linear" scaling: positions divided by this
 };
 
 struct ModelConfig {

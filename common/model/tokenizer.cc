@@ -286,14 +286,12 @@ void Tokenizer::EncodeText(std::string_view text, tok::BpeScratch* scratch,
       for (char c : piece) ids->push_back(byte_token_[static_cast<uint8_t>(c)]);
       const size_t first = out->size();
       tok::MergeByRank(merges_, *ids, scratch, out);
-      // A byte without a token (a vocabulary that lacks some byte) becomes <unk> or nothing.
-      size_t w = first;
-      for (size_t r = first; r < out->size(); ++r) {
-        int32_t id = (*out)[r];
-        if (id < 0) id = unk_id_;
-        if (id >= 0) (*out)[w++] = id;
-      }
-      out->resize(w);
+      // A byte the vocabulary has no token for is dropped, as Hugging Face's BPE does without
+      // an unknown token (SmolLM2 lacks bytes that never occur in UTF-8 text, like 0xF5..0xFF;
+      // its "unknown" id is <|endoftext|>, which must not appear mid-prompt).
+      out->erase(std::remove_if(out->begin() + static_cast<ptrdiff_t>(first), out->end(),
+                                [](int32_t id) { return id < 0; }),
+                 out->end());
     }
     return;
   }

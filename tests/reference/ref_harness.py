@@ -29,6 +29,14 @@ class TestFailure(Exception):
   pass
 
 
+class Unsupported(TestFailure):
+  """The CLI refused a mode this machine cannot run (FAILED_PRECONDITION), e.g. bf16 on a CPU
+  without AVX512_BF16/AMX. Tests report it and skip that part instead of failing."""
+
+
+SKIP_EXIT_CODE = 77  # ctest's conventional "skipped" status (SKIP_RETURN_CODE)
+
+
 def source_dir():
   return os.environ.get("TRIPOD_SOURCE_DIR") or os.path.normpath(os.path.join(HERE, "..", ".."))
 
@@ -65,6 +73,8 @@ def _run(args, what):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
   except subprocess.TimeoutExpired:
     raise TestFailure(f"{what}: timed out after {SUBPROCESS_TIMEOUT_S}s: {' '.join(cmd)[:300]}")
+  if proc.returncode != 0 and "FAILED_PRECONDITION" in proc.stderr:
+    raise Unsupported(f"{what}: {proc.stderr.strip()[-500:]}")
   if proc.returncode != 0:
     raise TestFailure(f"{what}: exit status {proc.returncode}: {' '.join(cmd)[:300]}\n"
                       f"stderr: {proc.stderr[-2000:]}")
@@ -126,10 +136,18 @@ def print_table(header, rows):
   sys.stdout.flush()
 
 
+def skip(message):
+  print(f"SKIP: {message}", flush=True)
+  sys.exit(SKIP_EXIT_CODE)
+
+
 def main_wrapper(fn):
-  """Runs fn(); exit 0 on success, 1 with a FAIL line on TestFailure / AssertionError."""
+  """Runs fn(); exit 0 on success, 1 with a FAIL line on TestFailure / AssertionError, 77 with
+  a SKIP line when the whole test needs a mode this machine cannot run."""
   try:
     fn()
+  except Unsupported as e:
+    skip(str(e))
   except (TestFailure, AssertionError) as e:
     print(f"FAIL: {e}", flush=True)
     sys.exit(1)

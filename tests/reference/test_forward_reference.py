@@ -65,29 +65,38 @@ def compare_with_cpp(model, model_path):
   name, ids = cases[2][0], cases[2][1]
   cases.append((name, ids, 7))
   ref_cache = {}
+  bf16_unsupported = None
   for name, ids, chunk in cases:
     key = tuple(ids)
     if key not in ref_cache:
       ref_cache[key] = model.logits(ids)
     ref = ref_cache[key]
     fp32 = H.cpp_logits(ids, "fp32", vocab, chunk=chunk)
-    bf16 = H.cpp_logits(ids, "bf16", vocab, chunk=chunk)
     e32 = H.rel_l2(fp32, ref)
-    e16 = H.rel_l2(bf16, ref)
     top_ref = int(np.argmax(ref))
     top32 = int(np.argmax(fp32))
-    top16 = int(np.argmax(bf16))
     label = name if chunk is None else f"{name} chunk {chunk}"
-    rows.append((label, len(ids), f"{e32:.2e}", "yes" if top32 == top_ref else "NO",
-                 f"{e16:.2e}", "yes" if top16 == top_ref else "no"))
     if not e32 <= FP32_MAX_REL:
       failures.append(f"{label}: fp32 rel L2 {e32:.2e} > {FP32_MAX_REL}")
     if top32 != top_ref:
       failures.append(f"{label}: fp32 top-1 {top32} != reference {top_ref}")
-    if not e16 <= BF16_MAX_REL:
-      failures.append(f"{label}: bf16 rel L2 {e16:.2e} > {BF16_MAX_REL}")
+    e16_text = top16_text = "n/a"
+    if bf16_unsupported is None:
+      try:
+        bf16 = H.cpp_logits(ids, "bf16", vocab, chunk=chunk)
+        e16 = H.rel_l2(bf16, ref)
+        e16_text = f"{e16:.2e}"
+        top16_text = "yes" if int(np.argmax(bf16)) == top_ref else "no"
+        if not e16 <= BF16_MAX_REL:
+          failures.append(f"{label}: bf16 rel L2 {e16:.2e} > {BF16_MAX_REL}")
+      except H.Unsupported as e:
+        bf16_unsupported = str(e)
+    rows.append((label, len(ids), f"{e32:.2e}", "yes" if top32 == top_ref else "NO", e16_text,
+                 top16_text))
   H.print_table(("prompt", "tokens", "fp32 rel L2", "fp32 top1", "bf16 rel L2", "bf16 top1"),
                 rows)
+  if bf16_unsupported:
+    print(f"NOTE: bf16 not checked, the CLI cannot run it here: {bf16_unsupported}")
   assert not failures, "; ".join(failures)
 
 

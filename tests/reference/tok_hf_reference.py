@@ -48,8 +48,11 @@ def _added_tokens(v, types_to_add):
     return out
 
 
-def build(v):
-    """A tokenizers.Tokenizer equivalent to the GGUF vocabulary `v` (from read_vocab)."""
+def build(v, nfc=True):
+    """A tokenizers.Tokenizer equivalent to the GGUF vocabulary `v` (from read_vocab).
+
+    nfc=False leaves out Qwen2's NFC normaliser, which Tripod (like llama.cpp) does not apply.
+    """
     tokens, types = v["tokens"], v["types"]
     vocab = {}
     for i, t in enumerate(tokens):
@@ -70,7 +73,7 @@ def build(v):
             tk.pre_tokenizer = pre_tokenizers.Sequence([
                 pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-            if pre == "qwen2":
+            if pre == "qwen2" and nfc:
                 tk.normalizer = normalizers.NFC()  # Qwen2's tokenizer.json normalises to NFC
         else:
             raise ValueError(f"no reference configuration for pre-tokenizer {pre!r}")
