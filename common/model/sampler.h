@@ -53,8 +53,9 @@ struct SampledToken {
 class Sampler {
  public:
   // params should have passed Validate(); out-of-range values are clamped to the nearest
-  // meaningful setting rather than crashing. The RNG is std::mt19937_64 seeded with params.seed
-  // (its output sequence is fixed by the C++ standard, so draws reproduce across platforms).
+  // meaningful setting rather than crashing. The RNG is std::mt19937_64 seeded with params.seed:
+  // the same seed and inputs give the same tokens (the engine's sequence is fixed by the C++
+  // standard; candidate order after nth_element is fixed only per standard library).
   Sampler(SamplingParams params, int32_t vocab_size);
 
   // logits: [vocab] of one position (a shorter or longer span is used as given: ids are

@@ -24,6 +24,20 @@ bool IsByteLevelPreLlama3(std::string_view pre) {
   return pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3";
 }
 
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// "<0xAB>" -> 0xAB; -1 for anything else.
+int ParseByteToken(std::string_view text) {
+  if (text.size() != 6 || !text.starts_with("<0x") || text[5] != '>') return -1;
+  const int hi = HexDigit(text[3]), lo = HexDigit(text[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
 absl::Status CheckId(std::string_view what, int32_t id, size_t n) {
   if (id < -1 || id >= static_cast<int64_t>(n)) {
     return absl::InvalidArgumentError(absl::StrCat("tokenizer: ", std::string(what), " id ", id,
@@ -123,8 +137,7 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
     types_[i] = (t >= 0 && t <= 6) ? static_cast<TokenType>(t) : TokenType::kNormal;
   }
   scores_ = v.scores.empty() ? std::vector<float>(n, 0.0f) : std::move(v.scores);
-  token_to_id_.reserve(n);
-  for (size_t i = 0; i < n; ++i) token_to_id_.try_emplace(tokens_[i], static_cast<int32_t>(i));
+  token_to_id_.Build(tokens_);
   mergeable_.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const TokenType t = types_[i];
@@ -148,8 +161,7 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
     const auto& b2c = tok::ByteToCodepoint();
     for (int b = 0; b < 256; ++b) {
       tok::AppendUtf8(b2c[b], &byte_piece_[b]);
-      auto it = token_to_id_.find(byte_piece_[b]);
-      if (it != token_to_id_.end()) byte_token_[b] = it->second;
+      byte_token_[b] = token_to_id_.Find(byte_piece_[b]);
     }
     if (v.merges.empty()) {
       return absl::InvalidArgumentError("tokenizer: byte-level BPE without tokenizer.ggml.merges");
@@ -165,12 +177,12 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
             absl::StrCat("tokenizer: merge ", rank, " '", m, "' is not 'left right'"));
       }
       const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
-      auto l = token_to_id_.find(left), r = token_to_id_.find(right);
+      const int32_t l = token_to_id_.Find(left), r = token_to_id_.Find(right);
       joined.assign(left).append(right);
-      auto j = token_to_id_.find(joined);
+      const int32_t j = token_to_id_.Find(joined);
       // A merge whose parts or result are not tokens can never fire; skip it.
-      if (l == token_to_id_.end() || r == token_to_id_.end() || j == token_to_id_.end()) continue;
-      merges_.Add(l->second, r->second, static_cast<int32_t>(rank), j->second);
+      if (l < 0 || r < 0 || j < 0) continue;
+      merges_.Add(l, r, static_cast<int32_t>(rank), j);
     }
   } else {
     add_bos_ = v.add_bos.value_or(true);
@@ -178,8 +190,7 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
     char name[8];
     for (int b = 0; b < 256; ++b) {
       std::snprintf(name, sizeof(name), "<0x%02X>", b);
-      auto it = token_to_id_.find(name);
-      if (it != token_to_id_.end()) byte_token_[b] = it->second;
+      byte_token_[b] = token_to_id_.Find(name);
     }
   }
 
@@ -206,9 +217,8 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
         }
         out.push_back(static_cast<char>(b));
       }
-    } else if (type == TokenType::kByte && text.size() == 6 && text.starts_with("<0x") &&
-               text.back() == '>') {
-      out.push_back(static_cast<char>(std::stoi(text.substr(3, 2), nullptr, 16)));
+    } else if (int byte = ParseByteToken(text); type == TokenType::kByte && byte >= 0) {
+      out.push_back(static_cast<char>(byte));
     } else {
       for (size_t p = 0; p < text.size();) {
         if (text.compare(p, kSpaceMarker.size(), kSpaceMarker) == 0) {
@@ -240,10 +250,8 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
     if (id >= 0) end_of_generation_.push_back(id);
   }
   for (std::string_view text : kEndOfGenerationTexts) {
-    auto it = token_to_id_.find(text);
-    if (it != token_to_id_.end() && types_[it->second] == TokenType::kControl) {
-      end_of_generation_.push_back(it->second);
-    }
+    const int32_t id = token_to_id_.Find(text);
+    if (id >= 0 && types_[id] == TokenType::kControl) end_of_generation_.push_back(id);
   }
   std::sort(end_of_generation_.begin(), end_of_generation_.end());
   end_of_generation_.erase(std::unique(end_of_generation_.begin(), end_of_generation_.end()),
@@ -276,9 +284,9 @@ void Tokenizer::EncodeText(std::string_view text, tok::BpeScratch* scratch,
       if (ignore_merges_) {
         buffer->clear();
         for (char c : piece) buffer->append(byte_piece_[static_cast<uint8_t>(c)]);
-        auto it = token_to_id_.find(*buffer);
-        if (it != token_to_id_.end()) {
-          out->push_back(it->second);
+        const int32_t id = token_to_id_.Find(*buffer);
+        if (id >= 0) {
+          out->push_back(id);
           continue;
         }
       }
@@ -309,9 +317,9 @@ void Tokenizer::EncodeText(std::string_view text, tok::BpeScratch* scratch,
   const tok::SpmVocabView view{&token_to_id_, scores_, mergeable_};
   tok::MergeByScore(view, *buffer, scratch, pieces);
   for (std::string_view piece : *pieces) {
-    auto it = token_to_id_.find(piece);
-    if (it != token_to_id_.end() && mergeable_[it->second]) {
-      out->push_back(it->second);
+    const int32_t id = token_to_id_.Find(piece);
+    if (id >= 0 && mergeable_[id]) {
+      out->push_back(id);
       continue;
     }
     // Byte fallback: a character outside the vocabulary becomes its UTF-8 bytes.
@@ -402,9 +410,9 @@ bool Tokenizer::IsEndOfGeneration(int32_t id) const {
 }
 
 std::optional<int32_t> Tokenizer::FindToken(std::string_view piece) const {
-  auto it = token_to_id_.find(piece);
-  if (it == token_to_id_.end()) return std::nullopt;
-  return it->second;
+  const int32_t id = token_to_id_.Find(piece);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 std::string StreamingDecoder::Push(int32_t id) {

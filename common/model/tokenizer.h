@@ -9,7 +9,6 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,6 +59,8 @@ class Tokenizer {
  public:
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromGguf(const GgufFile& gguf);
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromVocab(TokenizerVocab vocab);
+  Tokenizer(const Tokenizer&) = delete;  // the piece index points into tokens_
+  Tokenizer& operator=(const Tokenizer&) = delete;
 
   // Text -> ids; thread-safe. parse_special: control tokens written in the text (like
   // <|im_start|>) become their ids; without it they are tokenized as plain text, so user text
@@ -89,7 +90,9 @@ class Tokenizer {
   absl::Status Init(TokenizerVocab vocab);
   // Bytes token `id` stands for in decoded text ("" for an unknown id).
   std::string_view DecodedPiece(int32_t id) const;
-  bool strips_leading_space() const { return kind_ == TokenizerKind::kSentencePieceBpe && add_space_prefix_; }
+  bool strips_leading_space() const {
+    return kind_ == TokenizerKind::kSentencePieceBpe && add_space_prefix_;
+  }
   // Encodes one fragment of text without special tokens; the rest are reused buffers.
   void EncodeText(std::string_view text, tok::BpeScratch* scratch,
                   std::vector<std::string_view>* pieces, std::string* buffer,
@@ -103,11 +106,11 @@ class Tokenizer {
   std::vector<float> scores_;
   std::vector<uint8_t> mergeable_;
   std::vector<std::string> decoded_;  // per id: what Decode emits
-  std::unordered_map<std::string_view, int32_t> token_to_id_;  // views into tokens_
+  tok::PieceIndex token_to_id_;       // over tokens_
   int32_t bos_id_ = -1, eos_id_ = -1, unk_id_ = -1;
   bool add_bos_ = false;
   bool add_space_prefix_ = false;
-  bool ignore_merges_ = false;   // Llama 3: a word that is itself a token skips the merges
+  bool ignore_merges_ = false;  // Llama 3: a word that is itself a token skips the merges
   std::vector<int32_t> end_of_generation_;
   // Byte-level: token id of each byte's one-character piece; SentencePiece: the <0xXX> tokens.
   std::array<int32_t, 256> byte_token_{};

@@ -126,6 +126,60 @@ size_t IncompleteUtf8Tail(std::string_view s) {
   return 0;
 }
 
+void MergeTable::Reserve(size_t n) {
+  size_t cap = 16;
+  int bits = 4;
+  while (cap < 2 * n) cap <<= 1, ++bits;
+  slots_.assign(cap, Entry{});
+  mask_ = cap - 1;
+  shift_ = 64 - bits;
+  size_ = 0;
+}
+
+void MergeTable::Add(int32_t left, int32_t right, int32_t rank, int32_t merged) {
+  if (left < 0 || right < 0) return;
+  if (2 * (size_ + 1) > slots_.size()) {
+    // Grow and re-insert (only when Reserve was too small).
+    std::vector<Entry> old;
+    old.swap(slots_);
+    Reserve(2 * (size_ + 1));
+    for (const Entry& e : old) {
+      if (e.key != kEmpty) {
+        Add(static_cast<int32_t>(e.key >> 32), static_cast<int32_t>(e.key & 0xFFFFFFFFu), e.rank,
+            e.merged);
+      }
+    }
+  }
+  const uint64_t key = Key(left, right);
+  for (size_t i = Hash(key);; i = (i + 1) & mask_) {
+    Entry& e = slots_[i];
+    if (e.key == key) return;
+    if (e.key == kEmpty) {
+      e = {key, rank, merged};
+      ++size_;
+      return;
+    }
+  }
+}
+
+void PieceIndex::Build(const std::vector<std::string>& pieces) {
+  pieces_ = &pieces;
+  size_t cap = 16;
+  while (cap < 2 * pieces.size()) cap <<= 1;
+  slots_.assign(cap, Slot{});
+  mask_ = cap - 1;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    if (Find(pieces[id]) >= 0) continue;
+    const uint64_t h = std::hash<std::string_view>()(pieces[id]);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].id < 0) {
+        slots_[i] = {static_cast<int32_t>(id), static_cast<uint32_t>(h >> 32)};
+        break;
+      }
+    }
+  }
+}
+
 void MergeByRank(const MergeTable& merges, std::span<const int32_t> initial, BpeScratch* scratch,
                  std::vector<int32_t>* out) {
   const int32_t n = static_cast<int32_t>(initial.size());
@@ -143,7 +197,7 @@ void MergeByRank(const MergeTable& merges, std::span<const int32_t> initial, Bpe
     const int32_t next = sym[pos].next;
     if (next < 0) return;
     if (const auto* m = merges.Find(sym[pos].id, sym[next].id)) {
-      heap.push_back({m->first, pos, m->second});
+      heap.push_back({m->rank, pos, m->merged});
       std::push_heap(heap.begin(), heap.end(), RankAfter);
     }
   };
@@ -157,7 +211,7 @@ void MergeByRank(const MergeTable& merges, std::span<const int32_t> initial, Bpe
     BpeScratch::Symbol& right = sym[left.next];
     // Stale if either side has changed since the entry was pushed.
     const auto* m = merges.Find(left.id, right.id);
-    if (m == nullptr || m->second != top.merged) continue;
+    if (m == nullptr || m->merged != top.merged) continue;
     left.id = top.merged;
     right.alive = false;
     left.next = right.next;
@@ -188,9 +242,7 @@ void MergeByScore(const SpmVocabView& vocab, std::string_view text, BpeScratch* 
     const int32_t r = sym[l].next;
     if (r < 0) return;
     const uint32_t len = sym[l].length + sym[r].length;
-    auto it = vocab.ids->find(text.substr(sym[l].offset, len));
-    if (it == vocab.ids->end()) return;
-    const int32_t id = it->second;
+    const int32_t id = vocab.ids->Find(text.substr(sym[l].offset, len));
     if (id < 0 || static_cast<size_t>(id) >= vocab.scores.size() || !vocab.mergeable[id]) return;
     heap.push_back({vocab.scores[id], l, r, len});
     std::push_heap(heap.begin(), heap.end(), ScoreBefore);

@@ -4,10 +4,10 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -27,31 +27,72 @@ size_t NextUtf8(std::string_view s, size_t i, uint32_t* cp);
 // arrive (0 when `s` ends on a sequence boundary or on bytes that can never complete).
 size_t IncompleteUtf8Tail(std::string_view s);
 
-// Byte-level BPE merges: (left id, right id) -> (rank, merged id).
+// Byte-level BPE merges: (left id, right id) -> (rank, merged id). Open addressing over flat
+// arrays: the lookups are the hot loop of encoding, and node-based maps miss the cache there.
 class MergeTable {
  public:
-  void Reserve(size_t n) { map_.reserve(n); }
+  struct Entry {
+    uint64_t key = kEmpty;
+    int32_t rank = 0;
+    int32_t merged = 0;
+  };
+  void Reserve(size_t n);
   // Keeps the first rank given to a pair (duplicates in the list are ignored).
-  void Add(int32_t left, int32_t right, int32_t rank, int32_t merged) {
-    map_.try_emplace(Key(left, right), rank, merged);
+  void Add(int32_t left, int32_t right, int32_t rank, int32_t merged);
+  const Entry* Find(int32_t left, int32_t right) const {
+    // Negative ids (bytes without a token) never merge; (-1, -1) would also hit kEmpty.
+    if (slots_.empty() || left < 0 || right < 0) return nullptr;
+    const uint64_t key = Key(left, right);
+    for (size_t i = Hash(key);; i = (i + 1) & mask_) {
+      const Entry& e = slots_[i];
+      if (e.key == key) return &e;
+      if (e.key == kEmpty) return nullptr;
+    }
   }
-  const std::pair<int32_t, int32_t>* Find(int32_t left, int32_t right) const {
-    auto it = map_.find(Key(left, right));
-    return it == map_.end() ? nullptr : &it->second;
-  }
-  size_t size() const { return map_.size(); }
+  size_t size() const { return size_; }
 
  private:
+  static constexpr uint64_t kEmpty = ~uint64_t{0};
   static uint64_t Key(int32_t l, int32_t r) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(l)) << 32) | static_cast<uint32_t>(r);
   }
-  std::unordered_map<uint64_t, std::pair<int32_t, int32_t>> map_;
+  size_t Hash(uint64_t key) const { return (key * 0x9E3779B97F4A7C15ull) >> shift_; }
+  std::vector<Entry> slots_;
+  size_t mask_ = 0;
+  int shift_ = 64;
+  size_t size_ = 0;
+};
+
+// Piece text -> id over strings the caller keeps alive (the vocabulary), open addressing.
+class PieceIndex {
+ public:
+  // First occurrence wins for duplicate pieces.
+  void Build(const std::vector<std::string>& pieces);
+  int32_t Find(std::string_view piece) const {
+    if (slots_.empty()) return -1;
+    const uint64_t h = std::hash<std::string_view>()(piece);
+    const auto tag = static_cast<uint32_t>(h >> 32);
+    for (size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.id < 0) return -1;
+      if (s.tag == tag && (*pieces_)[s.id] == piece) return s.id;
+    }
+  }
+
+ private:
+  struct Slot {
+    int32_t id = -1;
+    uint32_t tag = 0;
+  };
+  const std::vector<std::string>* pieces_ = nullptr;
+  std::vector<Slot> slots_;
+  size_t mask_ = 0;
 };
 
 // Reused buffers so that encoding a long text does not allocate per word.
 struct BpeScratch {
   struct Symbol {
-    int32_t id;        // byte-level: token id; SentencePiece: unused
+    int32_t id;  // byte-level: token id; SentencePiece: unused
     int32_t prev, next;
     uint32_t offset, length;  // SentencePiece: bytes of the piece in the escaped text
     bool alive;
@@ -79,7 +120,7 @@ void MergeByRank(const MergeTable& merges, std::span<const int32_t> initial, Bpe
 // characters and repeatedly merges the adjacent pair whose concatenation is a mergeable piece of
 // highest score, the leftmost on ties. Appends the final pieces (views into `text`) to `out`.
 struct SpmVocabView {
-  const std::unordered_map<std::string_view, int32_t>* ids;
+  const PieceIndex* ids;
   std::span<const float> scores;
   std::span<const uint8_t> mergeable;  // per id: may a merge produce this piece
 };

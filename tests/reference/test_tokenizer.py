@@ -13,8 +13,10 @@ vocabularies from the llama-cpp-python sdist (tok_vocabs.py): llama-spm (Llama 2
 BPE), llama-bpe (Llama 3), qwen2, gpt-2. For those, the ids llama.cpp recorded from each model's
 own Hugging Face tokenizer (.inp/.out files) are checked too.
 Also: Decode(Encode(t)) == t, streaming decode == whole decode, our Decode == HF decode, every
-streamed piece is whole UTF-8, a sweep over all Unicode code points, and chat templates against
-the GGUF Jinja templates rendered with jinja2. Exits non-zero on any mismatch.
+streamed piece is whole UTF-8, a sweep over every assigned Unicode code point (SmolLM2 and
+Llama 3 pre-tokenizers), and chat templates against the GGUF Jinja templates rendered with
+jinja2. Qwen2 is compared without its NFC normaliser (Tripod does not normalise; see
+check_vocab). Exits non-zero on any mismatch.
 """
 
 import json
@@ -138,9 +140,11 @@ def check_vocab(name, path, corpus_texts, sweep):
           f"{sum(map(len, res['ids']))} tokens; encode {nbytes / res['encode_seconds'] / 1e6:.2f}"
           f" MB/s")
     # Round trip. SentencePiece puts a space in front of the text after every special token, so
-    # there it must hold when special tokens are not parsed; byte-level BPE is exact either way.
+    # there it must hold when special tokens are not parsed, and U+2581 in the text decodes as a
+    # space; byte-level BPE is exact either way.
     rt = res if v["model"] == "gpt2" else encode(path, texts, parse_special=False)
-    bad_rt = [i for i, ok in enumerate(rt["roundtrip_ok"]) if not ok]
+    bad_rt = [i for i, ok in enumerate(rt["roundtrip_ok"])
+              if not ok and (v["model"] == "gpt2" or "\u2581" not in texts[i])]
     if bad_rt:
         fail(f"{name}: Decode(Encode(t)) != t for {len(bad_rt)} chunks, first "
              f"{texts[bad_rt[0]][:80]!r}")
@@ -279,7 +283,8 @@ def main():
     print(f"corpus: {len(corpus)} chunks, {total} bytes: {sizes}")
     vocab_dir = tok_vocabs.ensure(os.path.join(SRC, "build", "tok_vocab"))
     vocabs = [("smollm2", MODEL, True)] + [
-        (n, os.path.join(vocab_dir, f"ggml-vocab-{n}.gguf"), n != "gpt-2")
+        # The Unicode sweep (about 10 MB per vocabulary) runs where the pre-tokenizers differ.
+        (n, os.path.join(vocab_dir, f"ggml-vocab-{n}.gguf"), n == "llama-bpe")
         for n in ("llama-bpe", "qwen2", "llama-spm", "gpt-2")]
     hfs = {}
     for name, path, sweep in vocabs:

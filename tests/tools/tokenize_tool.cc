@@ -2,8 +2,8 @@
 // Tripod's tokenizer, reading and writing JSON files so Python can compare with references.
 //   tokenize_tool encode <model.gguf> <in.json> <out.json>   in: {"texts": [...], "parse_special"}
 //   tokenize_tool decode <model.gguf> <in.json> <out.json>   in: {"ids": [[...], ...]}
-//   tokenize_tool chat <in.json> <out.json>   in: {"template" or "name", "messages", "add_generation_prompt"}
-//   tokenize_tool info <model.gguf>
+//   tokenize_tool chat <in.json> <out.json>   in: {"template" or "name", "messages",
+//   "add_generation_prompt"} tokenize_tool info <model.gguf>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -162,7 +162,9 @@ int main(int argc, char** argv) {
     std::unique_ptr<tripod::GgufFile> gguf;
     auto tok = Load(argv[2], &gguf);
     if (!tok) return 1;
-    json j = {{"vocab_size", tok->vocab_size()}, {"bos", tok->bos_id()}, {"eos", tok->eos_id()},
+    json j = {{"vocab_size", tok->vocab_size()},
+              {"bos", tok->bos_id()},
+              {"eos", tok->eos_id()},
               {"add_bos", tok->add_bos()}};
     std::cout << j.dump() << "\n";
     return 0;

@@ -101,6 +101,8 @@ void DequantRowScalar(GgmlType type, const uint8_t* row, int64_t k, float* out) 
 
 }  // namespace
 
+namespace scalar {
+
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum) {
   const int64_t nb = k / 32;
@@ -114,7 +116,10 @@ void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, f
       int8_t* qb = q + i * k + b * 32;
       int s = 0;
       for (int j = 0; j < 32; ++j) {
-        const int v = static_cast<int>(std::nearbyint(xb[j] * inv));
+        // Out-of-range and NaN products clamp to -127, as the vector conversions do.
+        const float p = xb[j] * inv;
+        const int v = p >= -2147483648.0f && p < 2147483648.0f ? static_cast<int>(std::nearbyint(p))
+                                                               : std::numeric_limits<int>::min();
         qb[j] = static_cast<int8_t>(std::clamp(v, -127, 127));
         s += qb[j];
       }
@@ -124,17 +129,26 @@ void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, f
   }
 }
 
-namespace scalar {
+void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
+  const int64_t nb = k / 32;
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      float s = 0.0f;
+      for (int j = 0; j < 32; ++j) s += x[i * ldx + b * 32 + j];
+      sums[i * nb + b] = s;
+    }
+  }
+}
 
-bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-             int64_t j0, int64_t j1) {
+bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
+             int64_t j1) {
   thread_local std::vector<float> buf;
   buf.resize(w.k);
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   for (int64_t j = j0; j < j1; ++j) {
     DequantRowScalar(w.type, base + j * w.row_bytes, w.k, buf.data());
-    for (int i = 0; i < m; ++i) {
-      const float* xi = x + i * ldx;
+    for (int i = 0; i < xa.m; ++i) {
+      const float* xi = xa.x + i * xa.ldx;
       float s = 0.0f;
       for (int64_t t = 0; t < w.k; ++t) s += buf[t] * xi[t];
       y[i * ldy + j] = s;
@@ -216,42 +230,65 @@ void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* 
     return;
   }
   const IsaLevel isa = ActiveIsa();
-  const bool fast_type = HasVectorKernel(w.type);
+  const bool block_type =
+      w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0;
+  const bool q4 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1;
   // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both run kF32.
-  const bool int8 =
-      mode == GemvMode::kInt8 &&
-      (w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0);
+  const bool int8 = mode == GemvMode::kInt8 && block_type;
+  const int64_t nb = w.k / 32;
 
-  // x in int8 form, shared by all threads (quantised once per call: m * k values).
+  // x prepared once per call (m * k values) by the calling thread, shared by all threads.
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> xs, xsum;
-  qgemv::Int8Act xa;
+  qgemv::Int8Act xa8;
+  qgemv::F32Act xa{x, ldx, nullptr, m, w.k, nb};
   if (int8) {
-    const int64_t nb = w.k / 32;
     xq.resize(static_cast<size_t>(m) * w.k);
     xs.resize(static_cast<size_t>(m) * nb);
     xsum.resize(static_cast<size_t>(m) * nb);
-    qgemv::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
-    xa = {xq.data(), xs.data(), xsum.data(), m, w.k, nb};
+    if (isa >= IsaLevel::kAvx512) {
+      qgemv::avx512::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+    } else if (isa >= IsaLevel::kAvx2) {
+      qgemv::avx2::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+    } else {
+      qgemv::scalar::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+    }
+    xa8 = {xq.data(), xs.data(), xsum.data(), m, w.k, nb};
+  } else if (q4 && isa >= IsaLevel::kAvx2) {
+    xsum.resize(static_cast<size_t>(m) * nb);
+    if (isa >= IsaLevel::kAvx512) {
+      qgemv::avx512::BlockSums(x, m, ldx, w.k, xsum.data());
+    } else {
+      qgemv::avx2::BlockSums(x, m, ldx, w.k, xsum.data());
+    }
+    xa.bsum = xsum.data();
   }
+  const bool fast_type = HasVectorKernel(w.type);
 
-  auto run = [&](int64_t j0, int64_t j1) {
+  // Work units of kRowQuantum rows, so the kernels' row groups stay whole.
+  const int64_t q = qgemv::kRowQuantum;
+  auto run = [&](int64_t u0, int64_t u1) {
+    const int64_t j0 = u0 * q, j1 = std::min(w.n, u1 * q);
     if (int8) {
-      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa, y, ldy, j0, j1)) return;
-      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa, y, ldy, j0, j1)) return;
-      qgemv::scalar::RowsInt8(w, xa, y, ldy, j0, j1);
+      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa8, y, ldy, j0, j1)) return;
+      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa8, y, ldy, j0, j1)) return;
+      qgemv::scalar::RowsInt8(w, xa8, y, ldy, j0, j1);
       return;
     }
     if (fast_type) {
-      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsF32(w, x, m, ldx, y, ldy, j0, j1)) return;
-      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsF32(w, x, m, ldx, y, ldy, j0, j1)) return;
+      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsF32(w, xa, y, ldy, j0, j1)) return;
+      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsF32(w, xa, y, ldy, j0, j1)) return;
     }
-    qgemv::scalar::RowsF32(w, x, m, ldx, y, ldy, j0, j1);
+    qgemv::scalar::RowsF32(w, xa, y, ldy, j0, j1);
   };
-  // Chunks of 16-256 rows: enough chunks to balance two threads, few enough to stay cheap.
+  const int64_t units = (w.n + q - 1) / q;
+  // About 4 chunks per thread (balance when a thread is late), but none under ~16 KB of weights:
+  // a fork/join costs as much as streaming that much.
   const int threads = ComputeThreads();
-  const int64_t grain = std::clamp<int64_t>(w.n / (threads * 8), 16, 256);
-  ParallelFor(w.n, run, grain);
+  const int64_t unit_bytes = q * w.row_bytes * std::max(1, m);
+  const int64_t min_units = std::max<int64_t>(1, (16 << 10) / std::max<int64_t>(1, unit_bytes));
+  const int64_t grain = std::max<int64_t>(min_units, units / (threads * 4));
+  ParallelFor(units, run, grain);
 }
 
 }  // namespace tripod

@@ -12,6 +12,9 @@ struct Isa {
   static inline __m256i DotU8S8(__m256i u8, __m256i s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
   }
+  // 16 ymm registers: 4 weight rows per group at one x row, 8 accumulators at most.
+  static constexpr int kRowsOuter = 4;
+  static constexpr int kAccumulators = 8;
 };
 }  // namespace
 }  // namespace tripod::qgemv
@@ -20,9 +23,18 @@ struct Isa {
 
 namespace tripod::qgemv::avx2 {
 
-bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-             int64_t j0, int64_t j1) {
-  return RowsF32Impl<Isa>(w, x, m, ldx, y, ldy, j0, j1);
+void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
+                     float* sum) {
+  QuantizeActInt8Impl(x, m, ldx, k, q, scale, sum);
+}
+
+void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
+  BlockSumsImpl(x, m, ldx, k, sums);
+}
+
+bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
+             int64_t j1) {
+  return RowsF32Impl<Isa>(w, xa, y, ldy, j0, j1);
 }
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,

@@ -1,5 +1,6 @@
 // QuantGemm kernels for AVX-512 (VL + VNNI): the same 256-bit loops as the AVX2 file, with the
-// int8 block dot done by one vpdpbusd. Only called after ActiveIsa() >= kAvx512.
+// int8 block dot done by one vpdpbusd and, with 32 vector registers, twice the rows per group.
+// Only called after ActiveIsa() >= kAvx512.
 #include <immintrin.h>
 
 #include "common/compute/cpu/quant_gemv_internal.h"
@@ -10,6 +11,8 @@ struct Isa {
   static inline __m256i DotU8S8(__m256i u8, __m256i s8) {
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u8, s8);
   }
+  static constexpr int kRowsOuter = 8;
+  static constexpr int kAccumulators = 16;
 };
 }  // namespace
 }  // namespace tripod::qgemv
@@ -18,9 +21,18 @@ struct Isa {
 
 namespace tripod::qgemv::avx512 {
 
-bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-             int64_t j0, int64_t j1) {
-  return RowsF32Impl<Isa>(w, x, m, ldx, y, ldy, j0, j1);
+void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
+                     float* sum) {
+  QuantizeActInt8Impl(x, m, ldx, k, q, scale, sum);
+}
+
+void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
+  BlockSumsImpl(x, m, ldx, k, sums);
+}
+
+bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
+             int64_t j1) {
+  return RowsF32Impl<Isa>(w, xa, y, ldy, j0, j1);
 }
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,

@@ -1,5 +1,5 @@
-// Shared between the QuantGemm dispatcher and its per-ISA kernels: the int8 activation layout
-// and the row-range entry points of each instruction-set file.
+// Shared between the QuantGemm dispatcher and its per-ISA kernels: the prepared activation
+// layouts (int8 blocks, fp32 block sums) and the row-range entry points of each ISA file.
 #pragma once
 
 #include <cstdint>
@@ -8,9 +8,23 @@
 
 namespace tripod::qgemv {
 
+// Activations for the kF32 kernels: x itself, plus per 32-element block b of row i the fp32 sum
+// bsum[i * nb + b] of the block's x values (the term Q4_1's minimum and Q4_0's offset multiply).
+// bsum may be null for weight types without such a term. The buffer holding bsum has 8 zero
+// floats after the last row, so kernels may read a whole group of 8 blocks past a row's end.
+struct F32Act {
+  const float* x = nullptr;
+  int64_t ldx = 0;
+  const float* bsum = nullptr;
+  int m = 0;
+  int64_t k = 0;
+  int64_t nb = 0;
+};
+
 // x quantised for the int8 path: row i has k int8 values at q + i * k; per 32-element block b,
 // scale[i * nb + b] = d_x and sum[i * nb + b] = d_x * (sum of the block's int8 values), the term
-// that Q4_0's offset and Q4_1's minimum multiply.
+// that Q4_0's offset and Q4_1's minimum multiply. scale and sum are followed by 8 zero floats,
+// as bsum above.
 struct Int8Act {
   const int8_t* q = nullptr;
   const float* scale = nullptr;
@@ -20,29 +34,40 @@ struct Int8Act {
   int64_t nb = 0;
 };
 
-// Quantises m rows of k floats (k a multiple of 32) into the buffers of an Int8Act.
+// Per ISA (scalar is the reference the vector files must match):
+//  QuantizeActInt8: m rows of k floats (k a multiple of 32) into the buffers of an Int8Act. The
+//    vector versions give bit-identical results to the scalar one.
+//  BlockSums: the F32Act block sums of m rows (k a multiple of 32), m * (k / 32) floats.
+//  RowsF32 / RowsInt8: output rows [j0, j1) of y = x * W^T. F32 kernels take any supported type
+//    (scalar: every type DequantizeRow knows); Int8 kernels take Q4_0, Q4_1 and Q8_0 only. Each
+//    returns false if it does not handle w.type.
+namespace scalar {
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum);
-
-// Output rows [j0, j1) of y = x * W^T. F32 kernels take any supported type; Int8 kernels take
-// Q4_0, Q4_1 and Q8_0 only. Each returns false if it does not handle w.type.
-namespace scalar {
-bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-             int64_t j0, int64_t j1);
+void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
+bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
 }  // namespace scalar
 namespace avx2 {
-bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-             int64_t j0, int64_t j1);
+void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
+                     float* sum);
+void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
+bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
 }  // namespace avx2
 namespace avx512 {
-bool RowsF32(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-             int64_t j0, int64_t j1);
+void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
+                     float* sum);
+void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
+bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
 }  // namespace avx512
+
+// Output rows per kernel work unit: ParallelFor chunks are multiples of this so that the
+// kernels' row groups are never split between threads.
+inline constexpr int64_t kRowQuantum = 8;
 
 }  // namespace tripod::qgemv

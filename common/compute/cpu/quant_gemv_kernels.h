@@ -1,13 +1,30 @@
 // The QuantGemm inner loops on 256-bit vectors, written once and compiled into each ISA file
 // (quant_gemv_avx2.cc, quant_gemv_avx512.cc) with that file's flags. Include only from those
-// files, after defining `struct Isa` with `static __m256i DotU8S8(__m256i u8, __m256i s8)`:
-// the per-32-bit-lane sums of four u8 x s8 products. Everything here has internal linkage so
-// that no copy compiled for a wider ISA can be picked by the linker for another file.
+// files, after defining `struct Isa` with
+//   static __m256i DotU8S8(__m256i u8, __m256i s8): per-32-bit-lane sums of four u8 x s8
+//     products;
+//   static constexpr int kRowsOuter: weight rows per outer step (a power of two, <= 8);
+//   static constexpr int kAccumulators: vector accumulators a row group may hold.
+// Everything here has internal linkage so that no copy compiled for a wider ISA can be picked by
+// the linker for another file.
+//
+// Design (decode: m = 1..4 rows of x against a quantised matrix, bound by reading the weights):
+//  - R weight rows x MG x rows per pass over the blocks, so each x load and each loop overhead is
+//    shared, and R * MG independent accumulators hide the FMA latency.
+//  - The per-block fp16 scales are converted 8 blocks at a time (packed into one vector, one
+//    vcvtph2ps) into a small table, already multiplied by x's block scales (int8 mode); the
+//    inner loop reads them with broadcast loads, which cost no ALU slot.
+//  - Q4_1's minimum and Q4_0's offset never touch the inner loop: they multiply per-block sums
+//    of x (int8: d_x * sum(q_x); fp32: sum(x)), 8 blocks per FMA into the same accumulators.
+//  - fp32 mode multiplies x by the integer nibble values and applies d once per block:
+//    d * sum(q * x) + m * sum(x) is the block's dot product in exact fp32 arithmetic.
 #pragma once
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "common/compute/cpu/quant_gemv_internal.h"
 
@@ -21,48 +38,334 @@ inline float Hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// Lane r of the result is the horizontal sum of v_r.
+inline __m128 Hsum4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+  const __m256 a = _mm256_hadd_ps(v0, v1);
+  const __m256 b = _mm256_hadd_ps(v2, v3);
+  const __m256 c = _mm256_hadd_ps(a, b);
+  return _mm_add_ps(_mm256_castps256_ps128(c), _mm256_extractf128_ps(c, 1));
+}
+
 inline float HalfToFloat(const uint8_t* p) {
   uint16_t h;
-  __builtin_memcpy(&h, p, 2);
+  std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
 }
 
-// 32 nibbles of a Q4 block as bytes in element order: low nibbles (0..15) then high (16..31).
-inline __m256i Q4Bytes(const uint8_t* qs) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i mask = _mm_set1_epi8(0x0f);
-  const __m128i lo = _mm_and_si128(q, mask);
-  const __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
-  return _mm256_set_m128i(hi, lo);
+inline uint64_t Load16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
 }
 
-inline void U8x16ToFloats(__m128i b, __m256* out) {
-  out[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
-  out[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(b, 8)));
+// Loads 8 floats, or only the first cnt (< 8) with the rest 0: never reads past them.
+inline __m256 LoadUpTo8(const float* p, int cnt) {
+  if (cnt >= 8) return _mm256_loadu_ps(p);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  return _mm256_maskload_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32(cnt), lane));
 }
 
-// Dequantises 32 consecutive elements (block b of 32) of a row into w[0..3].
 template <GgmlType T>
-inline void Dequant32(const uint8_t* row, int64_t b, __m256* w) {
-  if constexpr (T == GgmlType::kQ4_0 || T == GgmlType::kQ4_1) {
-    constexpr int kBytes = T == GgmlType::kQ4_0 ? 18 : 20;
-    const uint8_t* blk = row + b * kBytes;
-    const __m256 d = _mm256_set1_ps(HalfToFloat(blk));
-    const __m256 off = T == GgmlType::kQ4_0 ? _mm256_mul_ps(d, _mm256_set1_ps(-8.0f))
-                                            : _mm256_set1_ps(HalfToFloat(blk + 2));
-    const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBytes - 16));
-    const __m128i mask = _mm_set1_epi8(0x0f);
-    U8x16ToFloats(_mm_and_si128(q, mask), w);
-    U8x16ToFloats(_mm_and_si128(_mm_srli_epi16(q, 4), mask), w + 2);
-    for (int p = 0; p < 4; ++p) w[p] = _mm256_fmadd_ps(w[p], d, off);
-  } else if constexpr (T == GgmlType::kQ8_0) {
-    const uint8_t* blk = row + b * 34;
-    const __m256 d = _mm256_set1_ps(HalfToFloat(blk));
-    for (int p = 0; p < 4; ++p) {
-      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * p));
-      w[p] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d);
+constexpr int kBlockBytes = T == GgmlType::kQ4_0   ? 18
+                            : T == GgmlType::kQ4_1 ? 20
+                                                   : 34;
+
+// 8 fp16 values at p, p + stride, ..., p + 7 * stride (only the first cnt, the rest 0) as
+// floats. Packed in two general registers and converted by one vcvtph2ps; this is several times
+// cheaper than a gather or a conversion per block.
+template <int kStride>
+inline __m256 Halves8(const uint8_t* p, int cnt) {
+  // Two scalars, not an array: an array would go through the stack, and reloading two 8-byte
+  // stores as one 16-byte vector stalls store forwarding.
+  uint64_t lo = 0, hi = 0;
+  if (cnt >= 8) {
+    lo = Load16(p) | (Load16(p + kStride) << 16) | (Load16(p + 2 * kStride) << 32) |
+         (Load16(p + 3 * kStride) << 48);
+    const uint8_t* q = p + 4 * kStride;
+    hi = Load16(q) | (Load16(q + kStride) << 16) | (Load16(q + 2 * kStride) << 32) |
+         (Load16(q + 3 * kStride) << 48);
+  } else {
+    for (int j = 0; j < cnt && j < 4; ++j) lo |= Load16(p + j * kStride) << (16 * j);
+    for (int j = 4; j < cnt; ++j) hi |= Load16(p + j * kStride) << (16 * (j - 4));
+  }
+  return _mm256_cvtph_ps(_mm_set_epi64x(static_cast<int64_t>(hi), static_cast<int64_t>(lo)));
+}
+
+// The first 4 bytes of 8 blocks at stride kB as one vector, block j in dword j: eight 32-bit
+// loads combined by unpacks (cheaper in context than gathers or per-block inserts).
+template <int kB>
+inline __m256i Dwords8(const uint8_t* blk) {
+  auto ld = [blk](int j) {
+    uint32_t v;
+    std::memcpy(&v, blk + j * kB, 4);
+    return _mm_cvtsi32_si128(static_cast<int>(v));
+  };
+  const __m128i a =
+      _mm_unpacklo_epi64(_mm_unpacklo_epi32(ld(0), ld(1)), _mm_unpacklo_epi32(ld(2), ld(3)));
+  const __m128i b =
+      _mm_unpacklo_epi64(_mm_unpacklo_epi32(ld(4), ld(5)), _mm_unpacklo_epi32(ld(6), ld(7)));
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+}
+
+// Scales of the cnt (1..8) blocks starting at blk, lanes >= cnt zero: d[j] = the block's fp16
+// scale; for Q4_1 mn[j] = its fp16 minimum (else 0).
+template <GgmlType T>
+inline void Scales8(const uint8_t* blk, int cnt, __m256* d, __m256* mn) {
+  constexpr int kB = kBlockBytes<T>;
+  if (cnt >= 8) {
+    // Per 128-bit lane the words d0 x0 d1 x1 d2 x2 d3 x3 (x: Q4_1's minimum, else the next
+    // bytes) -> d0 d1 d2 d3 x0 x1 x2 x3; then the d quarters of both lanes to the low lane.
+    const __m256i pick = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15, 0,
+                                          1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
+    const __m256i dm = _mm256_permute4x64_epi64(_mm256_shuffle_epi8(Dwords8<kB>(blk), pick),
+                                                _MM_SHUFFLE(3, 1, 2, 0));
+    *d = _mm256_cvtph_ps(_mm256_castsi256_si128(dm));
+    *mn = T == GgmlType::kQ4_1 ? _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1))
+                               : _mm256_setzero_ps();
+    return;
+  }
+  *d = Halves8<kB>(blk, cnt);
+  *mn = T == GgmlType::kQ4_1 ? Halves8<kB>(blk + 2, cnt) : _mm256_setzero_ps();
+}
+
+// Blocks per scale table: bounds the stack use for any k.
+constexpr int kChunk = 64;
+
+// Rows per group for MG x rows: as many as the accumulator budget allows, a power of two that
+// divides kRowsOuter.
+template <class Isa, int MG>
+constexpr int RowsPerGroup() {
+  int r = Isa::kRowsOuter;
+  while (r > 1 && r * MG > Isa::kAccumulators) r /= 2;
+  return r;
+}
+
+// Writes the R x MG accumulators' sums: y[i * ldy + r] (y at column j of x row i0).
+template <int R, int MG>
+inline void StoreSums(__m256 (&acc)[R][MG], float* y, int64_t ldy) {
+#pragma GCC unroll 4
+  for (int i = 0; i < MG; ++i) {
+    float* yi = y + i * ldy;
+    if constexpr (R >= 4) {
+      for (int r = 0; r < R; r += 4) {
+        _mm_storeu_ps(yi + r, Hsum4(acc[r][i], acc[r + 1][i], acc[r + 2][i], acc[r + 3][i]));
+      }
+    } else {
+      for (int r = 0; r < R; ++r) yi[r] = Hsum(acc[r][i]);
     }
-  } else if constexpr (T == GgmlType::kF16) {
+  }
+}
+
+// R consecutive weight rows (row0, row stride rb) against x rows i0 .. i0 + MG - 1, int8 mode.
+template <class Isa, GgmlType T, int R, int MG>
+inline void GroupInt8(const uint8_t* row0, int64_t rb, const Int8Act& xa, int i0, float* y,
+                      int64_t ldy) {
+  constexpr int kB = kBlockBytes<T>;
+  const int64_t nb = xa.nb;
+  __m256 acc[R][MG];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < MG; ++i) acc[r][i] = _mm256_setzero_ps();
+  alignas(32) float sc[R][MG][kChunk];
+  const int8_t* xq = xa.q + i0 * xa.k;
+  const float* xs = xa.scale + i0 * nb;
+  const float* xsum = xa.sum + i0 * nb;
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i hi_shift = _mm256_setr_epi64x(0, 0, 4, 4);  // high lane: the high nibbles
+  for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
+    const int nc = static_cast<int>(std::min<int64_t>(kChunk, nb - c0));
+    for (int g = 0; g < nc; g += 8) {
+      const int cnt = std::min(8, nc - g);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256 d, mn;
+        Scales8<T>(row0 + r * rb + (c0 + g) * kB, cnt, &d, &mn);
+        if constexpr (T == GgmlType::kQ4_0) mn = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+#pragma GCC unroll 4
+        for (int i = 0; i < MG; ++i) {
+          const int64_t o = i * nb + c0 + g;
+          _mm256_store_ps(&sc[r][i][g], _mm256_mul_ps(d, LoadUpTo8(xs + o, cnt)));
+          if constexpr (T != GgmlType::kQ8_0) {
+            acc[r][i] = _mm256_fmadd_ps(mn, LoadUpTo8(xsum + o, cnt), acc[r][i]);
+          }
+        }
+      }
+    }
+    for (int b = 0; b < nc; ++b) {
+      __m256i xv[MG];
+#pragma GCC unroll 4
+      for (int i = 0; i < MG; ++i) {
+        xv[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * xa.k + (c0 + b) * 32));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = row0 + r * rb + (c0 + b) * kB;
+        if constexpr (T == GgmlType::kQ8_0) {
+          // u8 x s8 multiplies: |w| against x carrying w's sign.
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+          const __m256i aw = _mm256_abs_epi8(wv);
+#pragma GCC unroll 4
+          for (int i = 0; i < MG; ++i) {
+            const __m256i dot = Isa::DotU8S8(aw, _mm256_sign_epi8(xv[i], wv));
+            acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&sc[r][i][b]),
+                                        acc[r][i]);
+          }
+        } else {
+          // 16 bytes in both lanes; the high lane shifted by 4: low nibbles (elements 0..15)
+          // then high nibbles (16..31), x's element order.
+          const __m256i q = _mm256_broadcastsi128_si256(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kB - 16)));
+          const __m256i wv = _mm256_and_si256(_mm256_srlv_epi64(q, hi_shift), nibble);
+#pragma GCC unroll 4
+          for (int i = 0; i < MG; ++i) {
+            const __m256i dot = Isa::DotU8S8(wv, xv[i]);
+            acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&sc[r][i][b]),
+                                        acc[r][i]);
+          }
+        }
+      }
+    }
+  }
+  StoreSums<R, MG>(acc, y, ldy);
+}
+
+// R consecutive weight rows against x rows i0 .. i0 + MG - 1, fp32 mode (Q4_0, Q4_1, Q8_0).
+template <GgmlType T, int R, int MG>
+inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, float* y,
+                     int64_t ldy) {
+  constexpr int kB = kBlockBytes<T>;
+  const int64_t nb = xa.nb;
+  __m256 acc[R][MG];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < MG; ++i) acc[r][i] = _mm256_setzero_ps();
+  alignas(32) float sc[R][kChunk];
+  const float* x = xa.x + i0 * xa.ldx;
+  const float* bsum = T == GgmlType::kQ8_0 ? nullptr : xa.bsum + i0 * nb;
+  const __m256i nibble = _mm256_set1_epi32(0x0f);
+  for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
+    const int nc = static_cast<int>(std::min<int64_t>(kChunk, nb - c0));
+    for (int g = 0; g < nc; g += 8) {
+      const int cnt = std::min(8, nc - g);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256 d, mn;
+        Scales8<T>(row0 + r * rb + (c0 + g) * kB, cnt, &d, &mn);
+        _mm256_store_ps(&sc[r][g], d);
+        if constexpr (T != GgmlType::kQ8_0) {
+          if constexpr (T == GgmlType::kQ4_0) mn = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+#pragma GCC unroll 4
+          for (int i = 0; i < MG; ++i) {
+            acc[r][i] = _mm256_fmadd_ps(mn, LoadUpTo8(bsum + i * nb + c0 + g, cnt), acc[r][i]);
+          }
+        }
+      }
+    }
+    for (int b = 0; b < nc; ++b) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = row0 + r * rb + (c0 + b) * kB;
+        // The block's integer weights as floats, elements 0-7, 8-15, 16-23, 24-31.
+        __m256 w[4];
+        if constexpr (T == GgmlType::kQ8_0) {
+#pragma GCC unroll 4
+          for (int p = 0; p < 4; ++p) {
+            w[p] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk + 2 + 8 * p))));
+          }
+        } else {
+          const uint8_t* qs = blk + kB - 16;
+          const __m256i v0 =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs)));
+          const __m256i v1 =
+              _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8)));
+          w[0] = _mm256_cvtepi32_ps(_mm256_and_si256(v0, nibble));
+          w[1] = _mm256_cvtepi32_ps(_mm256_and_si256(v1, nibble));
+          w[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v0, 4));
+          w[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(v1, 4));
+        }
+        const __m256 d = _mm256_broadcast_ss(&sc[r][b]);
+#pragma GCC unroll 4
+        for (int i = 0; i < MG; ++i) {
+          const float* xb = x + i * xa.ldx + (c0 + b) * 32;
+          __m256 t = _mm256_mul_ps(w[0], _mm256_loadu_ps(xb));
+          t = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), t);
+          t = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), t);
+          t = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), t);
+          acc[r][i] = _mm256_fmadd_ps(t, d, acc[r][i]);
+        }
+      }
+    }
+  }
+  StoreSums<R, MG>(acc, y, ldy);
+}
+
+template <class Isa, GgmlType T, bool kInt8, int R, int MG, class Act>
+inline void Group(const uint8_t* row0, int64_t rb, const Act& xa, int i0, float* y, int64_t ldy) {
+  if constexpr (kInt8) {
+    GroupInt8<Isa, T, R, MG>(row0, rb, xa, i0, y, ldy);
+  } else {
+    GroupF32<T, R, MG>(row0, rb, xa, i0, y, ldy);
+  }
+}
+
+// Rows R0 .. R0 + RN - 1 of one outer step against every x row, in x-row groups of up to 4 (the
+// weight rows stay in L1 between x-row groups).
+template <class Isa, GgmlType T, bool kInt8, int RN, class Act>
+inline void OuterStep(const uint8_t* row0, int64_t rb, const Act& xa, float* y, int64_t ldy) {
+  constexpr int R4 = std::min(RN, RowsPerGroup<Isa, 4>());
+  constexpr int R3 = std::min(RN, RowsPerGroup<Isa, 3>());
+  constexpr int R2 = std::min(RN, RowsPerGroup<Isa, 2>());
+  constexpr int R1 = std::min(RN, RowsPerGroup<Isa, 1>());
+  int i = 0;
+  for (; i + 4 <= xa.m; i += 4) {
+    for (int r = 0; r < RN; r += R4) {
+      Group<Isa, T, kInt8, R4, 4>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+    }
+  }
+  switch (xa.m - i) {
+    case 3:
+      for (int r = 0; r < RN; r += R3) {
+        Group<Isa, T, kInt8, R3, 3>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+      }
+      break;
+    case 2:
+      for (int r = 0; r < RN; r += R2) {
+        Group<Isa, T, kInt8, R2, 2>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+      }
+      break;
+    case 1:
+      for (int r = 0; r < RN; r += R1) {
+        Group<Isa, T, kInt8, R1, 1>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+template <class Isa, GgmlType T, bool kInt8, class Act>
+void RowsBlockT(const QuantMatrix& w, const Act& xa, float* y, int64_t ldy, int64_t j0,
+                int64_t j1) {
+  static_assert(Isa::kRowsOuter >= 1 && Isa::kRowsOuter <= 8 &&
+                (Isa::kRowsOuter & (Isa::kRowsOuter - 1)) == 0);
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const int64_t rb = w.row_bytes;
+  int64_t j = j0;
+  for (; j + Isa::kRowsOuter <= j1; j += Isa::kRowsOuter) {
+    OuterStep<Isa, T, kInt8, Isa::kRowsOuter>(base + j * rb, rb, xa, y + j, ldy);
+  }
+  for (; j < j1; ++j) OuterStep<Isa, T, kInt8, 1>(base + j * rb, rb, xa, y + j, ldy);
+}
+
+// ---- fp32 mode for float weight types (F32, F16, BF16): one row against MG x rows. ----
+
+// Converts 32 consecutive elements (block b of 32) of a float-type row into w[0..3].
+template <GgmlType T>
+inline void FloatBlock32(const uint8_t* row, int64_t b, __m256* w) {
+  if constexpr (T == GgmlType::kF16) {
     const uint8_t* p0 = row + b * 64;
     for (int p = 0; p < 4; ++p) {
       w[p] = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p0 + 16 * p)));
@@ -85,24 +388,22 @@ inline float FloatElem(const uint8_t* row, int64_t t) {
   if constexpr (T == GgmlType::kF16) {
     return HalfToFloat(row + 2 * t);
   } else if constexpr (T == GgmlType::kBF16) {
-    uint16_t h;
-    __builtin_memcpy(&h, row + 2 * t, 2);
-    const uint32_t u = static_cast<uint32_t>(h) << 16;
+    const uint32_t u = static_cast<uint32_t>(Load16(row + 2 * t)) << 16;
     float f;
-    __builtin_memcpy(&f, &u, 4);
+    std::memcpy(&f, &u, 4);
     return f;
   } else {
     float f;
-    __builtin_memcpy(&f, row + 4 * t, 4);
+    std::memcpy(&f, row + 4 * t, 4);
     return f;
   }
 }
 
-// One weight row against MG rows of x. Enough independent accumulators to hide FMA latency:
-// 4 per x row when there are few rows, 2 when the MG x rows already give 6-8 chains.
+// Enough independent accumulators to hide FMA latency: 4 per x row when there are few rows, 2
+// when the MG x rows already give 6-8 chains.
 template <GgmlType T, int MG>
-inline void RowDotF32(const uint8_t* row, const float* x, int64_t ldx, int64_t k, float* y,
-                      int64_t ldy) {
+inline void FloatRowDot(const uint8_t* row, const float* x, int64_t ldx, int64_t k, float* y,
+                        int64_t ldy) {
   constexpr int NA = MG <= 2 ? 4 : 2;
   __m256 acc[MG][NA];
   for (int i = 0; i < MG; ++i)
@@ -110,7 +411,7 @@ inline void RowDotF32(const uint8_t* row, const float* x, int64_t ldx, int64_t k
   const int64_t nb = k / 32;
   for (int64_t b = 0; b < nb; ++b) {
     __m256 w[4];
-    Dequant32<T>(row, b, w);
+    FloatBlock32<T>(row, b, w);
     for (int i = 0; i < MG; ++i) {
       const float* xb = x + i * ldx + b * 32;
       for (int p = 0; p < 4; ++p) {
@@ -122,31 +423,32 @@ inline void RowDotF32(const uint8_t* row, const float* x, int64_t ldx, int64_t k
     __m256 s = acc[i][0];
     for (int a = 1; a < NA; ++a) s = _mm256_add_ps(s, acc[i][a]);
     float r = Hsum(s);
-    if constexpr (T == GgmlType::kF32 || T == GgmlType::kF16 || T == GgmlType::kBF16) {
-      for (int64_t t = nb * 32; t < k; ++t) r += FloatElem<T>(row, t) * x[i * ldx + t];
-    }
+    for (int64_t t = nb * 32; t < k; ++t) r += FloatElem<T>(row, t) * x[i * ldx + t];
     y[i * ldy] = r;
   }
 }
 
 template <GgmlType T>
-void RowsF32T(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-              int64_t j0, int64_t j1) {
+void FloatRowsT(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
+                int64_t j1) {
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const float* x = xa.x;
+  const int64_t ldx = xa.ldx;
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = base + j * w.row_bytes;
     int i = 0;
-    // Groups of up to 4 x rows; the weight row stays in L1 between groups.
-    for (; i + 4 <= m; i += 4) RowDotF32<T, 4>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
-    switch (m - i) {
+    for (; i + 4 <= xa.m; i += 4) {
+      FloatRowDot<T, 4>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
+    }
+    switch (xa.m - i) {
       case 3:
-        RowDotF32<T, 3>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
+        FloatRowDot<T, 3>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
         break;
       case 2:
-        RowDotF32<T, 2>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
+        FloatRowDot<T, 2>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
         break;
       case 1:
-        RowDotF32<T, 1>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
+        FloatRowDot<T, 1>(row, x + i * ldx, ldx, w.k, y + i * ldy + j, ldy);
         break;
       default:
         break;
@@ -154,102 +456,34 @@ void RowsF32T(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y
   }
 }
 
+// ---- Entry points ----
+
 template <class Isa>
-bool RowsF32Impl(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-                 int64_t j0, int64_t j1) {
+bool RowsF32Impl(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
+                 int64_t j1) {
   switch (w.type) {
     case GgmlType::kF32:
-      RowsF32T<GgmlType::kF32>(w, x, m, ldx, y, ldy, j0, j1);
+      FloatRowsT<GgmlType::kF32>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kF16:
-      RowsF32T<GgmlType::kF16>(w, x, m, ldx, y, ldy, j0, j1);
+      FloatRowsT<GgmlType::kF16>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kBF16:
-      RowsF32T<GgmlType::kBF16>(w, x, m, ldx, y, ldy, j0, j1);
+      FloatRowsT<GgmlType::kBF16>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ4_0:
-      RowsF32T<GgmlType::kQ4_0>(w, x, m, ldx, y, ldy, j0, j1);
+      if (xa.bsum == nullptr) return false;
+      RowsBlockT<Isa, GgmlType::kQ4_0, false>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ4_1:
-      RowsF32T<GgmlType::kQ4_1>(w, x, m, ldx, y, ldy, j0, j1);
+      if (xa.bsum == nullptr) return false;
+      RowsBlockT<Isa, GgmlType::kQ4_1, false>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ8_0:
-      RowsF32T<GgmlType::kQ8_0>(w, x, m, ldx, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ8_0, false>(w, xa, y, ldy, j0, j1);
       return true;
     default:
       return false;
-  }
-}
-
-// One weight row against MG rows of int8 x. Blocks alternate between two accumulator sets so
-// the FMA chains are half as long; the offset / minimum terms go to two scalar chains likewise.
-template <class Isa, GgmlType T, int MG>
-inline void RowDotInt8(const uint8_t* row, const Int8Act& xa, int i0, float* y, int64_t ldy) {
-  constexpr int kBytes = T == GgmlType::kQ4_0 ? 18 : T == GgmlType::kQ4_1 ? 20 : 34;
-  __m256 acc[MG][2];
-  float side[MG][2];
-  for (int i = 0; i < MG; ++i) {
-    acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-    side[i][0] = side[i][1] = 0.0f;
-  }
-  const int64_t nb = xa.nb;
-  const int8_t* xq = xa.q + i0 * xa.k;
-  const float* xs = xa.scale + i0 * nb;
-  const float* xsum = xa.sum + i0 * nb;
-  for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* blk = row + b * kBytes;
-    const float dw = HalfToFloat(blk);
-    const int par = static_cast<int>(b & 1);
-    if constexpr (T == GgmlType::kQ8_0) {
-      const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      const __m256i aw = _mm256_abs_epi8(wv);
-      for (int i = 0; i < MG; ++i) {
-        const __m256i xv =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * xa.k + b * 32));
-        const __m256i dot = Isa::DotU8S8(aw, _mm256_sign_epi8(xv, wv));
-        acc[i][par] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xs[i * nb + b]),
-                                      acc[i][par]);
-      }
-    } else {
-      const __m256i wv = Q4Bytes(blk + kBytes - 16);
-      const float side_w = T == GgmlType::kQ4_1 ? HalfToFloat(blk + 2) : -8.0f * dw;
-      for (int i = 0; i < MG; ++i) {
-        const __m256i xv =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + i * xa.k + b * 32));
-        const __m256i dot = Isa::DotU8S8(wv, xv);
-        acc[i][par] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * xs[i * nb + b]),
-                                      acc[i][par]);
-        side[i][par] += side_w * xsum[i * nb + b];
-      }
-    }
-  }
-  for (int i = 0; i < MG; ++i) {
-    y[i * ldy] = Hsum(_mm256_add_ps(acc[i][0], acc[i][1])) + (side[i][0] + side[i][1]);
-  }
-}
-
-template <class Isa, GgmlType T>
-void RowsInt8T(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
-               int64_t j1) {
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int m = xa.m;
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* row = base + j * w.row_bytes;
-    int i = 0;
-    for (; i + 4 <= m; i += 4) RowDotInt8<Isa, T, 4>(row, xa, i, y + i * ldy + j, ldy);
-    switch (m - i) {
-      case 3:
-        RowDotInt8<Isa, T, 3>(row, xa, i, y + i * ldy + j, ldy);
-        break;
-      case 2:
-        RowDotInt8<Isa, T, 2>(row, xa, i, y + i * ldy + j, ldy);
-        break;
-      case 1:
-        RowDotInt8<Isa, T, 1>(row, xa, i, y + i * ldy + j, ldy);
-        break;
-      default:
-        break;
-    }
   }
 }
 
@@ -258,16 +492,80 @@ bool RowsInt8Impl(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy
                   int64_t j1) {
   switch (w.type) {
     case GgmlType::kQ4_0:
-      RowsInt8T<Isa, GgmlType::kQ4_0>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_0, true>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ4_1:
-      RowsInt8T<Isa, GgmlType::kQ4_1>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_1, true>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ8_0:
-      RowsInt8T<Isa, GgmlType::kQ8_0>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ8_0, true>(w, xa, y, ldy, j0, j1);
       return true;
     default:
       return false;
+  }
+}
+
+inline float HmaxPs(__m256 v) {
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_max_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline int HsumEpi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Same arithmetic as scalar::QuantizeActInt8 (amax / 127, round half to even, clamp to
+// +-127), so the results are bit-identical.
+inline void QuantizeActInt8Impl(const float* x, int m, int64_t ldx, int64_t k, int8_t* q,
+                                float* scale, float* sum) {
+  const int64_t nb = k / 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * ldx + b * 32;
+      __m256 v[4];
+      for (int p = 0; p < 4; ++p) v[p] = _mm256_loadu_ps(xb + 8 * p);
+      const __m256 mx =
+          _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                        _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      const float amax = HmaxPs(mx);
+      const float d = amax / 127.0f;
+      const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      __m256i qi[4];
+      for (int p = 0; p < 4; ++p) {
+        qi[p] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[p], inv)), lo),
+                                 hi);
+      }
+      const int s = HsumEpi32(
+          _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3])));
+      // packs interleave 4-element pieces per 128-bit lane; the permutation restores order.
+      const __m256i packed =
+          _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * k + b * 32),
+                          _mm256_permutevar8x32_epi32(packed, order));
+      scale[i * nb + b] = d;
+      sum[i * nb + b] = d * static_cast<float>(s);
+    }
+  }
+}
+
+inline void BlockSumsImpl(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
+  const int64_t nb = k / 32;
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * ldx + b * 32;
+      const __m256 s =
+          _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(xb + 8)),
+                        _mm256_add_ps(_mm256_loadu_ps(xb + 16), _mm256_loadu_ps(xb + 24)));
+      sums[i * nb + b] = Hsum(s);
+    }
   }
 }
 

@@ -2,6 +2,7 @@
 // a Qwen2.5-style template with escaped newlines, errors, and chat tokenization.
 #include "common/model/chat_template.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -21,7 +22,8 @@ std::string ModelPath() {
   return std::string(TRIPOD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
-constexpr char kSmolSystem[] = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
+constexpr char kSmolSystem[] =
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
 
 TEST(ChatTemplateTest, SmolLm2TemplateFromGguf) {
   auto gguf = GgufFile::Open(ModelPath());
@@ -98,8 +100,9 @@ TEST(ChatTemplateTest, ReadsEscapedDefaultSystem) {
 }
 
 TEST(ChatTemplateTest, UnknownTemplatesAreErrors) {
-  auto st = DetectChatTemplate("{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} "
-                               "[/INST]{% endfor %}");
+  auto st = DetectChatTemplate(
+      "{{ bos_token }}{% for m in messages %}[INST] {{ m['content'] }} "
+      "[/INST]{% endfor %}");
   EXPECT_EQ(st.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(st.status().message(), HasSubstr("unsupported"));
   EXPECT_THAT(st.status().message(), HasSubstr("[INST]"));

@@ -3,6 +3,7 @@
 // and malformed vocabularies.
 #include "common/model/tokenizer.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -55,8 +56,8 @@ TEST_F(SmolLmTokenizerTest, KnownEncodings) {
   EXPECT_THAT(tok_->Encode("  leading spaces\n\n\tand tabs"),
               ElementsAre(216, 2899, 5600, 1116, 197, 397, 29416));
   EXPECT_THAT(tok_->Encode("Привет, мир! 你好世界"),
-              ElementsAre(155, 249, 46879, 16464, 32547, 28, 41337, 7872, 9175, 17, 216, 18645,
-                          250, 48392, 138, 7906, 240, 178, 239, 230));
+              ElementsAre(155, 249, 46879, 16464, 32547, 28, 41337, 7872, 9175, 17, 216, 18645, 250,
+                          48392, 138, 7906, 240, 178, 239, 230));
   EXPECT_THAT(tok_->Encode("def f(x):\n    return x+1"),
               ElementsAre(1604, 275, 24, 104, 727, 472, 1003, 1792, 27, 33));
   EXPECT_THAT(tok_->Encode("I'm here 🦙"), ElementsAre(57, 5248, 1535, 15107, 116, 243));
@@ -109,7 +110,8 @@ TEST_F(SmolLmTokenizerTest, SegmentsParseSpecialsOnlyWhereAllowed) {
 
 TEST_F(SmolLmTokenizerTest, RoundTripsText) {
   for (const std::string& text :
-       {std::string("Tabs\tand\r\nCRLF  double  spaces   "), std::string("Ελληνικά, 日本語のテキスト"),
+       {std::string("Tabs\tand\r\nCRLF  double  spaces   "),
+        std::string("Ελληνικά, 日本語のテキスト"),
         std::string("emoji 👨‍👩‍👧 and ½ and 123456"), std::string(1000, ' ') + "x"}) {
     EXPECT_EQ(tok_->Decode(tok_->Encode(text)), text);
   }
@@ -122,7 +124,9 @@ TEST_F(SmolLmTokenizerTest, InvalidUtf8IsEncodedByteByByte) {
   EXPECT_FALSE(ids.empty());
   EXPECT_EQ(tok_->Decode(ids), text);
   // Bytes without a token in this vocabulary (0xF5..0xFF) are dropped, never a crash.
-  EXPECT_EQ(tok_->Decode(tok_->Encode("a\xFF\xFE" "b")), "ab");
+  EXPECT_EQ(tok_->Decode(tok_->Encode("a\xFF\xFE"
+                                      "b")),
+            "ab");
 }
 
 TEST_F(SmolLmTokenizerTest, DecodeSkipsBadIds) {
@@ -184,11 +188,24 @@ TokenizerVocab SmallSpmVocab() {
     v.scores.push_back(0);
   }
   // id 259.. : pieces with scores (higher merges first).
-  const std::vector<std::pair<std::string, float>> pieces = {
-      {"\xE2\x96\x81", -1}, {"h", -2},  {"e", -2},   {"l", -2},  {"o", -2},
-      {"w", -2},            {"r", -2},  {"d", -2},   {"ll", -3}, {"\xE2\x96\x81h", -4},
-      {"he", -5},           {"llo", -6}, {"\xE2\x96\x81he", -7}, {"\xE2\x96\x81hello", -8},
-      {"lo", -9},           {"or", -9}, {"wor", -10}, {"\xE2\x96\x81w", -11}};
+  const std::vector<std::pair<std::string, float>> pieces = {{"\xE2\x96\x81", -1},
+                                                             {"h", -2},
+                                                             {"e", -2},
+                                                             {"l", -2},
+                                                             {"o", -2},
+                                                             {"w", -2},
+                                                             {"r", -2},
+                                                             {"d", -2},
+                                                             {"ll", -3},
+                                                             {"\xE2\x96\x81h", -4},
+                                                             {"he", -5},
+                                                             {"llo", -6},
+                                                             {"\xE2\x96\x81he", -7},
+                                                             {"\xE2\x96\x81hello", -8},
+                                                             {"lo", -9},
+                                                             {"or", -9},
+                                                             {"wor", -10},
+                                                             {"\xE2\x96\x81w", -11}};
   for (const auto& [p, s] : pieces) {
     v.tokens.push_back(p);
     v.token_types.push_back(1);
@@ -212,11 +229,11 @@ TEST(SentencePieceTest, MergesByScoreWithSpacePrefixAndByteFallback) {
   EXPECT_THAT(t.Encode("hello"), ElementsAre(Id(t, "\xE2\x96\x81hello")));
   // "world": w,o,r,l,d: "or"(-9) merges, then "wor" would need w+or (-10) -> "▁" "w"... the
   // pair ▁+w (-11) loses to w+or (-10); "ld" is no piece.
-  EXPECT_THAT(t.Encode("world"), ElementsAre(Id(t, "\xE2\x96\x81"), Id(t, "wor"), Id(t, "l"),
-                                             Id(t, "d")));
+  EXPECT_THAT(t.Encode("world"),
+              ElementsAre(Id(t, "\xE2\x96\x81"), Id(t, "wor"), Id(t, "l"), Id(t, "d")));
   // "é" is no piece: its UTF-8 bytes.
-  EXPECT_THAT(t.Encode("\xC3\xA9"), ElementsAre(Id(t, "\xE2\x96\x81"), Id(t, "<0xC3>"),
-                                                 Id(t, "<0xA9>")));
+  EXPECT_THAT(t.Encode("\xC3\xA9"),
+              ElementsAre(Id(t, "\xE2\x96\x81"), Id(t, "<0xC3>"), Id(t, "<0xA9>")));
   // Every text fragment gets the space prefix, also after a special token.
   EXPECT_THAT(t.Encode("hello</s>hello"),
               ElementsAre(Id(t, "\xE2\x96\x81hello"), 2, Id(t, "\xE2\x96\x81hello")));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/compute/cpu/cpu_features.h"
+#include "common/compute/cpu/quant_gemv_internal.h"
 #include "gtest/gtest.h"
 
 namespace tripod {
@@ -150,9 +151,12 @@ void CheckAll(const Case& c, GemvMode mode) {
   SetIsaCap(IsaLevel::kAmx);
 }
 
+// Shapes cover: rows not a multiple of the 4 / 8-row groups, fewer than 8 blocks per row, block
+// counts that leave a partial group of 8 scales, and more than one 64-block scale table.
 const Case kCases[] = {
     {GgmlType::kQ4_0, 37, 64},   {GgmlType::kQ4_1, 300, 576}, {GgmlType::kQ4_1, 5, 32},
-    {GgmlType::kQ8_0, 129, 576}, {GgmlType::kQ8_0, 3, 96},    {GgmlType::kF32, 17, 37},
+    {GgmlType::kQ8_0, 129, 576}, {GgmlType::kQ8_0, 3, 96},    {GgmlType::kQ4_1, 19, 2240},
+    {GgmlType::kQ4_0, 13, 1536}, {GgmlType::kQ8_0, 11, 2080}, {GgmlType::kF32, 17, 37},
     {GgmlType::kF32, 40, 576},   {GgmlType::kF16, 33, 100},   {GgmlType::kBF16, 19, 71},
     {GgmlType::kF16, 8, 5},      {GgmlType::kQ4_K, 9, 512},   {GgmlType::kQ5_K, 4, 256},
     {GgmlType::kQ6_K, 6, 256},
@@ -172,6 +176,38 @@ TEST(QuantGemmTest, InvalidRowLengthGivesNaN) {
   std::vector<float> x(33, 1.0f), y(2, 0.0f);
   QuantGemm(w, x.data(), 1, 33, y.data(), 2, GemvMode::kF32);
   EXPECT_TRUE(std::isnan(y[0]) && std::isnan(y[1]));
+}
+
+// The vector quantisers must reproduce the scalar one bit for bit (the int8 kernels are only
+// compared with the scalar path through them), including all-zero blocks and ties at .5.
+TEST(QuantGemmTest, VectorActivationQuantisationIsBitIdentical) {
+  SetIsaCap(IsaLevel::kAmx);
+  const IsaLevel top = ActiveIsa();
+  const int m = 3;
+  const int64_t k = 160, ldx = 170, nb = k / 32;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::vector<float> x(m * ldx);
+  for (float& v : x) v = nd(rng);
+  for (int j = 32; j < 64; ++j) x[j] = 0.0f;  // an all-zero block
+  // A block whose values hit exact halves after scaling by 127 / amax = 1.
+  for (int j = 0; j < 32; ++j) x[ldx + 64 + j] = (j == 0) ? 127.0f : -63.5f + 2.0f * j;
+  std::vector<int8_t> q0(m * k), q1(m * k);
+  std::vector<float> s0(m * nb), s1(m * nb), u0(m * nb), u1(m * nb);
+  qgemv::scalar::QuantizeActInt8(x.data(), m, ldx, k, q0.data(), s0.data(), u0.data());
+  for (IsaLevel isa : {IsaLevel::kAvx2, IsaLevel::kAvx512}) {
+    if (isa > top) continue;
+    if (isa == IsaLevel::kAvx2) {
+      qgemv::avx2::QuantizeActInt8(x.data(), m, ldx, k, q1.data(), s1.data(), u1.data());
+    } else {
+      qgemv::avx512::QuantizeActInt8(x.data(), m, ldx, k, q1.data(), s1.data(), u1.data());
+    }
+    EXPECT_EQ(q0, q1) << IsaName(isa);
+    EXPECT_EQ(s0, s1) << IsaName(isa);
+    EXPECT_EQ(u0, u1) << IsaName(isa);
+  }
+  EXPECT_EQ(q0[40], 0);
+  EXPECT_EQ(q0[k + 64], 127);
 }
 
 TEST(QuantGemmTest, ZeroActivationsGiveZero) {
