@@ -5,19 +5,39 @@
 
 #include <cstdint>
 #include <functional>
+#include <type_traits>
 
 namespace tripod {
 
-// Number of threads parallel_for uses; set once at start-up (flags), before any compute.
+// Number of threads parallel_for uses; set once at start-up (flags), before any compute. Also
+// pins the pool's worker threads (not the caller) to distinct CPUs where there are enough.
 void SetComputeThreads(int n);
 int ComputeThreads();
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), at most one chunk per thread when
 // grain is 0, else chunks of about `grain` items. Runs inline when n is small or one thread.
+// Chunks are handed out dynamically when there are more of them than threads (a thread that the
+// OS delays takes fewer), statically (one per thread, no shared counter) otherwise.
 void ParallelFor(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn,
                  int64_t grain = 0);
 
 // Calls fn(thread_index, num_threads) once on every compute thread (for per-thread scratch).
 void ParallelRun(const std::function<void(int thread, int num_threads)>& fn);
+
+namespace internal {
+using RangeFn = void (*)(void* ctx, int64_t begin, int64_t end);
+void ParallelForImpl(int64_t n, int64_t grain, RangeFn fn, void* ctx);
+}  // namespace internal
+
+// The same for any callable, without building a std::function (which allocates when a lambda
+// captures more than two references): decode opens hundreds of parallel regions per token.
+template <class F>
+requires std::is_invocable_v<F&, int64_t, int64_t>
+void ParallelFor(int64_t n, F&& fn, int64_t grain = 0) {
+  using Fn = std::remove_reference_t<F>;
+  internal::ParallelForImpl(
+      n, grain, [](void* ctx, int64_t b, int64_t e) { (*static_cast<Fn*>(ctx))(b, e); },
+      const_cast<void*>(static_cast<const void*>(&fn)));
+}
 
 }  // namespace tripod
