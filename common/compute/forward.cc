@@ -139,10 +139,10 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
       }
     }
     if (p.k_norm) {
-      // Per-head RMSNorm (Qwen3): each head is a row of head_dim.
-      for (int t = 0; t < T; ++t) {
-        backend.RmsNorm(k + int64_t{t} * qkv_w, hd, *p.k_norm, c.n_kv_heads, hd, c.rms_eps,
-                        k + int64_t{t} * qkv_w, hd);
+      // Per-head RMSNorm (Qwen3): head h of every token is a row of head_dim, qkv_w apart.
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        float* rows = k + int64_t{h} * hd;
+        backend.RmsNorm(rows, qkv_w, *p.k_norm, T, hd, c.rms_eps, rows, qkv_w);
       }
     }
     backend.Rope(k, qkv_w, T, c.n_kv_heads, hd, angles);
@@ -154,9 +154,9 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
     if (mode == LayerMode::kKvOnly) continue;
 
     if (p.q_norm) {
-      for (int t = 0; t < T; ++t) {
-        backend.RmsNorm(q + int64_t{t} * qkv_w, hd, *p.q_norm, c.n_heads, hd, c.rms_eps,
-                        q + int64_t{t} * qkv_w, hd);
+      for (int h = 0; h < c.n_heads; ++h) {
+        float* rows = q + int64_t{h} * hd;
+        backend.RmsNorm(rows, qkv_w, *p.q_norm, T, hd, c.rms_eps, rows, qkv_w);
       }
     }
     backend.Rope(q, qkv_w, T, c.n_heads, hd, angles);
