@@ -274,7 +274,7 @@ class CpuBackend final : public Backend {
 
  private:
   CpuBackendOptions opts_;
-  std::vector<float> tmp_;
+  std::vector<float> tmp_;  // Linear's accumulate scratch: one forward at a time per backend
 };
 
 }  // namespace
