@@ -4,8 +4,13 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "xxhash.h"
 
 namespace tripod {
+
+uint64_t ForwardPlan::KvKey() const {
+  return XXH3_64bits(layers.data(), layers.size() * sizeof(LayerMode));
+}
 
 ForwardPlan ForwardPlan::Full(int n_layers) {
   ForwardPlan p;

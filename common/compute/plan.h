@@ -26,6 +26,9 @@ struct ForwardPlan {
   static ForwardPlan SelfDraft(int n_layers, int depth);
 
   int count(LayerMode mode) const;
+  // Identifies the KV this plan writes (its layer modes): KV of different keys never mixes in
+  // the prefix cache. Full plans of the same depth share a key whatever their head.
+  uint64_t KvKey() const;
   std::string DebugString() const;  // e.g. "F20 K10 head"
 };
 

@@ -1,0 +1,152 @@
+// KvSnapshot export, import and validation; see kv_snapshot.h.
+#include "common/kv/kv_snapshot.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/quant_types.h"
+
+namespace tripod {
+namespace {
+
+float LoadElement(const uint8_t* p, KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case KvDtype::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return Fp16ToFp32(h);
+    }
+    case KvDtype::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return Bf16ToFp32(h);
+    }
+  }
+  return 0;
+}
+
+void StoreElement(float f, uint8_t* p, KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32:
+      std::memcpy(p, &f, 4);
+      return;
+    case KvDtype::kF16: {
+      const uint16_t h = Fp32ToFp16(f);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case KvDtype::kBF16: {
+      const uint16_t h = Fp32ToBf16(f);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+  }
+}
+
+// Copies one head_dim row between element types (a plain copy when they agree).
+void CopyRow(const uint8_t* src, KvDtype st, uint8_t* dst, KvDtype dt, int head_dim) {
+  if (st == dt) {
+    std::memcpy(dst, src, size_t{1} * head_dim * KvDtypeBytes(st));
+    return;
+  }
+  const size_t sb = KvDtypeBytes(st), db = KvDtypeBytes(dt);
+  for (int i = 0; i < head_dim; ++i) StoreElement(LoadElement(src + i * sb, st), dst + i * db, dt);
+}
+
+}  // namespace
+
+absl::Status ValidateSnapshot(const KvSnapshot& s, int32_t max_position) {
+  const KvLayout& l = s.layout;
+  if (l.n_layers <= 0 || l.n_kv_heads <= 0 || l.head_dim <= 0 || s.n_slots < 0) {
+    return absl::InvalidArgumentError("KV snapshot: empty or negative shape");
+  }
+  const size_t want = size_t{1} * l.n_layers * l.n_kv_heads * s.n_slots * s.row_bytes();
+  if (s.k.size() != want || s.v.size() != want) {
+    return absl::InvalidArgumentError(absl::StrCat("KV snapshot: K/V hold ", s.k.size(), "/",
+                                                   s.v.size(), " bytes, the shape needs ", want));
+  }
+  if (!s.token_ids.empty() && static_cast<int>(s.token_ids.size()) != s.n_slots) {
+    return absl::InvalidArgumentError("KV snapshot: token ids do not match the slot count");
+  }
+  if (s.positions.empty()) return absl::OkStatus();
+  if (s.positions.size() != size_t{1} * l.n_layers * l.n_kv_heads * s.n_slots) {
+    return absl::InvalidArgumentError("KV snapshot: positions do not match the shape");
+  }
+  std::vector<uint8_t> seen(static_cast<size_t>(max_position > 0 ? max_position : 0));
+  for (int lh = 0; lh < l.n_layers * l.n_kv_heads; ++lh) {
+    std::fill(seen.begin(), seen.end(), 0);
+    for (int j = 0; j < s.n_slots; ++j) {
+      const int32_t p = s.positions[size_t{1} * lh * s.n_slots + j];
+      if (p < 0 || p >= max_position) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KV snapshot: position ", p, " outside [0, ", max_position, ")"));
+      }
+      if (seen[p]++) {
+        return absl::InvalidArgumentError(absl::StrCat("KV snapshot: layer ", lh / l.n_kv_heads,
+                                                       " head ", lh % l.n_kv_heads,
+                                                       " keeps position ", p, " twice"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<KvSnapshot> ExportSnapshot(KvStore& store, int32_t kv_seq, int n_slots) {
+  if (n_slots < 0) return absl::InvalidArgumentError("KV export: negative slot count");
+  KvSnapshot s;
+  s.layout = store.layout();
+  s.n_slots = n_slots;
+  const KvLayout& l = s.layout;
+  const size_t bytes = size_t{1} * l.n_layers * l.n_kv_heads * n_slots * s.row_bytes();
+  s.k.resize(bytes);
+  s.v.resize(bytes);
+  for (int layer = 0; layer < l.n_layers; ++layer) {
+    const KvLayerRef ref = store.Layer(kv_seq, layer);
+    if (int64_t{ref.n_blocks} * ref.block_tokens < n_slots) {
+      return absl::OutOfRangeError(absl::StrCat("KV export: sequence holds ",
+                                                ref.n_blocks * ref.block_tokens,
+                                                " slots, asked for ", n_slots));
+    }
+    for (int h = 0; h < l.n_kv_heads; ++h) {
+      for (int j = 0; j < n_slots; ++j) {
+        std::memcpy(s.k.data() + s.offset(layer, h, j), ref.k_at(j, h, l.head_dim), s.row_bytes());
+        std::memcpy(s.v.data() + s.offset(layer, h, j), ref.v_at(j, h, l.head_dim), s.row_bytes());
+      }
+    }
+  }
+  return s;
+}
+
+absl::Status WriteSnapshot(const KvSnapshot& s, KvStore& store, int32_t kv_seq) {
+  const KvLayout dst = store.layout();
+  const KvLayout& src = s.layout;
+  if (dst.n_layers != src.n_layers || dst.n_kv_heads != src.n_kv_heads ||
+      dst.head_dim != src.head_dim) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV snapshot of ", src.n_layers, " layers x ", src.n_kv_heads, " heads x ", src.head_dim,
+        " does not fit a cache of ", dst.n_layers, " x ", dst.n_kv_heads, " x ", dst.head_dim));
+  }
+  for (int layer = 0; layer < src.n_layers; ++layer) {
+    const KvLayerRef ref = store.Layer(kv_seq, layer);
+    if (int64_t{ref.n_blocks} * ref.block_tokens < s.n_slots) {
+      return absl::OutOfRangeError("KV import: the sequence has no room for the snapshot");
+    }
+    for (int h = 0; h < src.n_kv_heads; ++h) {
+      for (int j = 0; j < s.n_slots; ++j) {
+        CopyRow(s.k.data() + s.offset(layer, h, j), src.dtype, ref.k_at(j, h, dst.head_dim),
+                dst.dtype, dst.head_dim);
+        CopyRow(s.v.data() + s.offset(layer, h, j), src.dtype, ref.v_at(j, h, dst.head_dim),
+                dst.dtype, dst.head_dim);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tripod

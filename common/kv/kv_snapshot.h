@@ -1,0 +1,49 @@
+// KvSnapshot: the K/V of one sequence taken out of the store that computed it, as a prefill
+// worker hands it to a decode worker (in-process now, chunked over the wire later). Trimmed KV
+// (SpecKV) keeps, per layer and KV head, its own subset of prompt positions; every (layer, head)
+// keeps the same number of entries, and stored K already carries RoPE, so the entries' order in
+// the cache does not matter.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/kv/kv_layout.h"
+#include "common/kv/kv_store.h"
+
+namespace tripod {
+
+struct KvSnapshot {
+  KvLayout layout;  // layers, KV heads, head_dim and the element type of k and v
+  int n_slots = 0;  // entries per (layer, KV head)
+  // [n_layers][n_kv_heads][n_slots][head_dim] elements of layout.dtype.
+  std::vector<uint8_t> k, v;
+  // Source position of each entry, [n_layers][n_kv_heads][n_slots]; empty when untrimmed
+  // (entry s of every layer and head is prompt position s).
+  std::vector<int32_t> positions;
+  // The prompt tokens the untrimmed KV was computed from (for prefix caching); may be empty.
+  std::vector<int32_t> token_ids;
+  uint64_t plan_key = 0;  // ForwardPlan::KvKey() of the plan that computed it;; KV of different plans never mixes
+
+  bool trimmed() const { return !positions.empty(); }
+  size_t row_bytes() const { return size_t{1} * layout.head_dim * KvDtypeBytes(layout.dtype); }
+  size_t offset(int layer, int head, int slot) const {
+    return ((size_t{1} * layer * layout.n_kv_heads + head) * n_slots + slot) * row_bytes();
+  }
+};
+
+// Sizes agree with the layout, positions (if any) are in [0, max_position) and distinct within
+// each (layer, head).
+absl::Status ValidateSnapshot(const KvSnapshot& s, int32_t max_position);
+
+// Copies slots [0, n_slots) of sequence kv_seq out of a store.
+absl::StatusOr<KvSnapshot> ExportSnapshot(KvStore& store, int32_t kv_seq, int n_slots);
+
+// Writes a snapshot into slots [0, n_slots) of kv_seq of a store (room already made), converting
+// the element type when the store's differs.
+absl::Status WriteSnapshot(const KvSnapshot& s, KvStore& store, int32_t kv_seq);
+
+}  // namespace tripod
