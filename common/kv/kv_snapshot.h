@@ -26,7 +26,7 @@ struct KvSnapshot {
   std::vector<int32_t> positions;
   // The prompt tokens the untrimmed KV was computed from (for prefix caching); may be empty.
   std::vector<int32_t> token_ids;
-  uint64_t plan_key = 0;  // ForwardPlan::KvKey() of the plan that computed it;; KV of different plans never mixes
+  uint64_t plan_key = 0;  // ForwardPlan::KvKey() of the plan that made it; plans never mix
 
   bool trimmed() const { return !positions.empty(); }
   size_t row_bytes() const { return size_t{1} * layout.head_dim * KvDtypeBytes(layout.dtype); }
