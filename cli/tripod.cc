@@ -254,13 +254,21 @@ absl::Status Logits() {
 }
 
 }  // namespace
+
+absl::Status PopImportanceMain();                 // cli/pop_importance.cc
+absl::Status EvalPopMain(int argc, char** argv);  // cli/eval_pop.cc
+absl::Status PrefillMain();                       // cli/prefill.cc
+
 }  // namespace tripod
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tripod <command> [flags]\n"
       "  generate   stream a completion: --prompt TEXT | --chat MESSAGE | --chat '' (interactive)\n"
-      "  logits     write raw float32 logits of --ids to --out (reference tests)\n");
+      "  logits     write raw float32 logits of --ids to --out (reference tests)\n"
+      "  pop-importance  per-layer prefill/decode importance for POP: --corpus --out\n"
+      "  eval-pop   POP quality vs the full model and controls (JSON): --corpus --prompts\n"
+      "  prefill    one POP prefill (JSON: plan, resident bytes, timing): --prompt | --ids\n");
   // A bare `--chat` (no message) starts an interactive chat.
   std::vector<char*> argv2(argv, argv + argc);
   static char interactive[] = "--interactive";
@@ -293,6 +301,12 @@ int main(int argc, char** argv) {
     status = tripod::Generate();
   } else if (cmd == "logits") {
     status = tripod::Logits();
+  } else if (cmd == "pop-importance") {
+    status = tripod::PopImportanceMain();
+  } else if (cmd == "eval-pop") {
+    status = tripod::EvalPopMain(argc, argv);
+  } else if (cmd == "prefill") {
+    status = tripod::PrefillMain();
   } else {
     std::fprintf(stderr, "tripod: unknown command '%s'\n%s\n", cmd.c_str(),
                  absl::ProgramUsageMessage().data());

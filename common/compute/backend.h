@@ -57,6 +57,14 @@ class Backend {
       std::span<const GgufTensorInfo* const> parts) = 0;
   virtual absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
       const GgufTensorInfo& tensor) = 0;
+  // Like PrepareMatrix, with the input columns of part p scaled: W'[:, j] = W[:, j] *
+  // col_scales[p][j] (k floats each), so that a norm weight folds into the matrix. Meant for
+  // large-batch GEMMs (POP's stacked K/V projection); a backend may keep it in its GEMM form
+  // only. Backends without it return Unimplemented and callers fall back to unscaled parts.
+  virtual absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
+      std::span<const GgufTensorInfo* const> parts, std::span<const float* const> col_scales) {
+    return absl::UnimplementedError("this backend has no scaled matrices");
+  }
 
   // out[i, :] = row ids[i] of the table [vocab, d] (dequantised).
   virtual void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
@@ -69,6 +77,9 @@ class Backend {
                       int64_t ldy, bool accumulate) = 0;
   // x[i, :n] += b over m rows.
   virtual void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) = 0;
+  // y[i, :n] += alpha * x[i, :n] over m rows.
+  virtual void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
+                         int64_t ldy) = 0;
   // Rotates the first rope_dims of each of n_heads heads (head_dim apart) in each row.
   virtual void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim,
                     const RopeAngles& angles) = 0;

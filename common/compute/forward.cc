@@ -12,7 +12,21 @@ namespace tripod {
 namespace {
 
 // Workspace slots.
-enum Slot { kH, kXn, kQkv, kAttn, kGu, kAct, kRopeCos, kRopeSin, kLogitRows, kLogits, kNumSlots };
+enum Slot {
+  kH,
+  kXn,
+  kQkv,
+  kAttn,
+  kGu,
+  kAct,
+  kRopeCos,
+  kRopeSin,
+  kLogitRows,
+  kLogits,
+  kBranch,
+  kKvStack,
+  kNumSlots
+};
 
 absl::Status CheckBatch(const LoadedModel& model, const ForwardPlan& plan, const StepBatch& b,
                         KvStore& kv) {
@@ -20,6 +34,10 @@ absl::Status CheckBatch(const LoadedModel& model, const ForwardPlan& plan, const
   if (static_cast<int>(plan.layers.size()) != c.n_layers) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan has ", plan.layers.size(), " layers, model has ", c.n_layers));
+  }
+  if (!plan.gates.empty() && static_cast<int>(plan.gates.size()) != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan has ", plan.gates.size(), " gates, model has ", c.n_layers, " layers"));
   }
   if (b.positions.size() != b.tokens.size()) {
     return absl::InvalidArgumentError("batch: positions and tokens differ in length");
@@ -53,7 +71,8 @@ absl::Status CheckBatch(const LoadedModel& model, const ForwardPlan& plan, const
     const PreparedLayer& p = model.layers[l];
     const bool ok = plan.layers[l] == LayerMode::kSkip ||
                     (plan.layers[l] == LayerMode::kFull && p.qkv) ||
-                    (plan.layers[l] == LayerMode::kKvOnly && (p.qkv || p.kv));
+                    (plan.layers[l] == LayerMode::kKvOnly &&
+                     (p.qkv || p.kv || UsesKvStack(model.kv_stack, plan, l)));
     if (!ok) {
       return absl::FailedPreconditionError(
           absl::StrCat("layer ", l, ": the plan needs weights this process did not load"));
@@ -114,10 +133,21 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
   backend.Embed(*model.weights.token_embd.tensor, batch.tokens, h, d);
 
   std::vector<AttentionArgs> attn_args(batch.seqs.size());
+  bool kv_stack_done = false;
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerMode mode = plan.layers[l];
     if (mode == LayerMode::kSkip) continue;
     const PreparedLayer& p = model.layers[l];
+    if (UsesKvStack(model.kv_stack, plan, l)) {
+      // POP: all K/V-only layers of the stack see this same stream; one GEMM serves them all.
+      if (!kv_stack_done) {
+        const int rows = std::min(T, kKvStackTileRows);
+        float* out = ws.Get(kKvStack, size_t{1} * rows * model.kv_stack.width(c));
+        RunKvStack(model, backend, plan, batch, h, angles, kv, xn, out);
+        kv_stack_done = true;
+      }
+      continue;
+    }
 
     // K/V (and Q for full layers) from the normed stream.
     backend.RmsNorm(h, d, *p.attn_norm, T, d, c.rms_eps, xn, d);
@@ -176,12 +206,26 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
       a.out_stride = qd;
     }
     backend.Attention(attn_args);
-    backend.Linear(*p.wo, attn, T, qd, h, d, /*accumulate=*/true);
+    // A gate other than 1 scales the branch on its way into the stream; gate 1 keeps the
+    // accumulating GEMM, so ungated plans are unchanged bit for bit.
+    const float gate = plan.gates.empty() ? 1.0f : plan.gates[l];
+    float* branch = gate == 1.0f ? nullptr : ws.Get(kBranch, size_t{1} * T * d);
+    if (branch == nullptr) {
+      backend.Linear(*p.wo, attn, T, qd, h, d, /*accumulate=*/true);
+    } else {
+      backend.Linear(*p.wo, attn, T, qd, branch, d, false);
+      backend.AddScaled(branch, d, gate, T, d, h, d);
+    }
 
     backend.RmsNorm(h, d, *p.ffn_norm, T, d, c.rms_eps, xn, d);
     backend.Linear(*p.gate_up, xn, T, d, gu, 2 * ff, false);
     backend.SwiGlu(gu, 2 * ff, T, ff, act, ff);
-    backend.Linear(*p.down, act, T, ff, h, d, /*accumulate=*/true);
+    if (branch == nullptr) {
+      backend.Linear(*p.down, act, T, ff, h, d, /*accumulate=*/true);
+    } else {
+      backend.Linear(*p.down, act, T, ff, branch, d, false);
+      backend.AddScaled(branch, d, gate, T, d, h, d);
+    }
   }
 
   if (logits == nullptr || batch.logit_rows.empty()) return absl::OkStatus();

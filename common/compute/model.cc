@@ -73,6 +73,7 @@ size_t LoadedModel::resident_weight_bytes() const {
   }
   add_v(output_norm);
   add_m(output);
+  total += kv_stack.resident_bytes();
   // The embedding table is read row by row from the mapping: count it once unless the head is it.
   if (!selection.output_head || weights.output.tensor != weights.token_embd.tensor) {
     total += weights.token_embd.tensor->n_bytes;
@@ -97,6 +98,23 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
   }
   m->rope_inv_freq = RopeInvFreq(c, factors.empty() ? nullptr : factors.data());
 
+  // The last contiguous run of K/V-only layers becomes one stacked matrix (POP's batched K/V
+  // GEMM); a backend without scaled matrices keeps one K/V matrix per layer.
+  if (selection.stack_kv_only && !selection.layers.empty()) {
+    int end = c.n_layers;
+    while (end > 0 && selection.layers[end - 1] != LayerNeed::kKvOnly) --end;
+    int begin = end;
+    while (begin > 0 && selection.layers[begin - 1] == LayerNeed::kKvOnly) --begin;
+    if (begin < end) {
+      absl::StatusOr<KvStack> stack = BuildKvStack(backend, c, m->weights, begin, end);
+      if (stack.ok()) {
+        m->kv_stack = std::move(stack).value();
+      } else if (!absl::IsUnimplemented(stack.status())) {
+        return stack.status();
+      }
+    }
+  }
+
   std::vector<float> scratch;
   m->layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -104,10 +122,11 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
     if (need == LayerNeed::kNone) continue;
     const LayerWeights& w = m->weights.layers[l];
     PreparedLayer& p = m->layers[l];
-    ASSIGN_OR_RETURN(p.attn_norm, backend.PrepareVector(*w.attn_norm.tensor));
     if (w.k_norm) {
       ASSIGN_OR_RETURN(p.k_norm, backend.PrepareVector(*w.k_norm.tensor));
     }
+    if (need == LayerNeed::kKvOnly && m->kv_stack.covers(l)) continue;  // the stack has the rest
+    ASSIGN_OR_RETURN(p.attn_norm, backend.PrepareVector(*w.attn_norm.tensor));
     if (need == LayerNeed::kKvOnly) {
       const GgufTensorInfo* kv[] = {w.wk.tensor, w.wv.tensor};
       ASSIGN_OR_RETURN(p.kv, backend.PrepareMatrix(kv));

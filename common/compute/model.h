@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/compute/backend.h"
+#include "common/compute/kv_stack.h"
 #include "common/model/gguf.h"
 #include "common/model/model_config.h"
 #include "common/model/weights.h"
@@ -34,6 +35,9 @@ struct LoadedModel {
   std::unique_ptr<PreparedVector> output_norm;
   std::unique_ptr<PreparedMatrix> output;
   std::vector<float> rope_inv_freq;  // [rope_dims / 2], scaling applied
+  // POP: the last contiguous run of kKvOnly layers in the selection as one stacked K/V matrix
+  // (their PreparedLayer then holds only k_norm); empty when there is none or it is disabled.
+  KvStack kv_stack;
 
   // Bytes of weights this process holds for the model (prepared forms, GGUF bytes it reads).
   size_t resident_weight_bytes() const;

@@ -17,6 +17,10 @@ enum class LayerMode : uint8_t {
 struct ForwardPlan {
   std::vector<LayerMode> layers;
   bool output_head = true;  // final norm + head for StepBatch::logit_rows
+  // Per-layer branch gates (empty = all 1): a kFull layer's attention and FFN outputs are scaled
+  // by gates[l] before they join the residual stream (0: the layer is an identity for these
+  // tokens, though it still writes its K/V). For the stage-aware importance analysis.
+  std::vector<float> gates;
 
   static ForwardPlan Full(int n_layers);
   // POP's prefill plan: the given layers K/V-only, the rest full, no head (the boundary token

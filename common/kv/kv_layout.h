@@ -36,6 +36,9 @@ struct KvLayerRef {
   int block_tokens = 0;
   size_t block_bytes = 0;  // n_kv_heads * block_tokens * head_dim * element size
   KvDtype dtype = KvDtype::kF32;
+  // Attention ignores slots below this one (query i sees [first_visible_slot, n_past + i]): a
+  // layer that wrote no K/V for the prompt (POP's "no K/V" control) sees nothing of it.
+  int32_t first_visible_slot = 0;
 
   // Address of K (or V) for slot s, kv head h (head_dim elements follow).
   uint8_t* k_at(int64_t s, int h, int head_dim) const { return at(k_base, s, h, head_dim); }

@@ -2,6 +2,7 @@
 #include "common/kv/paged_kv_cache.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 #include <new>
 
@@ -127,10 +128,38 @@ int PagedKvCache::AttachCachedPrefix(int32_t seq, std::span<const int32_t> token
     gen = hit->gen;
   }
   s->length = static_cast<int>(k * bt);
-  s->tokens.assign(tokens.begin(), tokens.begin() + s->length);
   s->chained_blocks = static_cast<int>(k);
   s->last_hash = hash;
   s->last_gen = gen;
+  // A prompt of whole blocks, all cached: the last block cannot be shared (its last slot must be
+  // written again by the token that runs), so copy it into a private block and reuse all but
+  // that slot. Without this a repeated prompt recomputes a whole block instead of one token.
+  if (k == max_blocks && !tokens.empty() && tokens.size() % bt == 0) {
+    const std::span<const int32_t> blk = tokens.subspan(k * bt, bt);
+    const uint64_t h = PrefixCache::ChainHash(hash, s->plan_key, blk);
+    if (const std::optional<PrefixCache::Hit> hit = prefix_.Find(h, gen, s->plan_key, blk)) {
+      // Hold the source so that allocating the copy cannot evict it.
+      if (pool_.refcount(hit->block) == 0) prefix_.OnReferenced(hit->block);
+      if (absl::Status st = pool_.Ref(hit->block); !st.ok()) {
+        Fail(std::move(st));
+      } else {
+        const int32_t copy = AllocateBlock();
+        if (copy >= 0) {
+          for (int layer = 0; layer < layout_.n_layers; ++layer) {
+            uint8_t* base = storage_.get() + size_t{2} * layer * array_bytes_;
+            for (uint8_t* arr : {base, base + array_bytes_}) {
+              std::memcpy(arr + size_t{1} * copy * block_bytes_,
+                          arr + size_t{1} * hit->block * block_bytes_, block_bytes_);
+            }
+          }
+          s->blocks.push_back(copy);
+          s->length = static_cast<int>(tokens.size() - 1);
+        }
+        ReleaseBlock(hit->block);
+      }
+    }
+  }
+  s->tokens.assign(tokens.begin(), tokens.begin() + s->length);
   return s->length;
 }
 

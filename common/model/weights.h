@@ -46,6 +46,9 @@ struct ModelWeights {
 struct WeightSelection {
   std::vector<LayerNeed> layers;  // empty: every layer in full
   bool output_head = true;        // final norm and output head
+  // POP: the last contiguous run of kKvOnly layers is prepared as one stacked K/V matrix (one
+  // GEMM for all of them) rather than one matrix per layer, where the backend supports it.
+  bool stack_kv_only = true;
 };
 
 // Finds and shape-checks the tensors `selection` needs; a missing or misshapen tensor is an

@@ -141,7 +141,7 @@ bool Valid(const AttentionArgs& a) {
   return a.q != nullptr && a.out != nullptr && a.n_q > 0 && a.n_past >= 0 && a.n_heads > 0 &&
          a.n_kv_heads > 0 && a.n_heads % a.n_kv_heads == 0 && a.head_dim > 0 &&
          a.kv.k_base != nullptr && a.kv.v_base != nullptr && a.kv.block_ids != nullptr &&
-         a.kv.block_tokens > 0 &&
+         a.kv.block_tokens > 0 && a.kv.first_visible_slot >= 0 &&
          static_cast<int64_t>(a.kv.n_blocks) * a.kv.block_tokens >= int64_t{a.n_past} + a.n_q;
 }
 
@@ -186,15 +186,18 @@ void AttentionCpu(std::span<const AttentionArgs> seqs) {
     if (!Valid(a)) continue;
     const int g = a.n_heads / a.n_kv_heads;
     if (a.n_q * g <= kDecodeRows) {
-      const int64_t slots = int64_t{a.n_past} + a.n_q;
+      // Visible slots [first, end); a query whose window is empty gets a zero output.
+      const int64_t end = int64_t{a.n_past} + a.n_q;
+      const int64_t first = std::min<int64_t>(a.kv.first_visible_slot, end);
+      const int64_t slots = end - first;
       int64_t splits = 1;
-      if (decode_units < 4 * threads) {
+      if (decode_units < 4 * threads && !a.batch_invariant) {
         const int64_t want = (4 * threads + decode_units - 1) / decode_units;
         splits = std::clamp<int64_t>(slots / kMinSplitSlots, 1, want);
       }
       for (int h = 0; h < a.n_kv_heads; ++h) {
         for (int64_t sp = 0; sp < splits; ++sp) {
-          const int64_t k0 = slots * sp / splits, k1 = slots * (sp + 1) / splits;
+          const int64_t k0 = first + slots * sp / splits, k1 = first + slots * (sp + 1) / splits;
           int64_t part = -1;
           if (splits > 1) {
             part = part_floats;
@@ -209,7 +212,8 @@ void AttentionCpu(std::span<const AttentionArgs> seqs) {
         for (int q0 = 0; q0 < a.n_q; q0 += tile_q) {
           const int q1 = std::min(a.n_q, q0 + tile_q);
           const int64_t k1 = int64_t{a.n_past} + q1;
-          tasks.push_back({si, h, q0, q1, 0, k1, -1, double(q1 - q0) * g * k1});
+          const int64_t k0 = std::min<int64_t>(a.kv.first_visible_slot, k1);
+          tasks.push_back({si, h, q0, q1, k0, k1, -1, double(q1 - q0) * g * (k1 - k0)});
         }
       }
     }

@@ -15,7 +15,8 @@ struct AttentionArgs {
   int64_t q_stride = 0;
   int n_q = 0;     // queries (new tokens) of this sequence
   int n_past = 0;  // cache slots before the first query; query i sees slots
-                   // [0, n_past + i] (its own K/V already written at slot n_past + i)
+                   // [kv.first_visible_slot, n_past + i] (its own K/V already written at
+                   // slot n_past + i); an empty window gives a zero output row
   int n_heads = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
@@ -23,6 +24,9 @@ struct AttentionArgs {
   KvLayerRef kv;
   float* out = nullptr;  // [n_q, n_heads * head_dim], rows out_stride apart
   int64_t out_stride = 0;
+  // Compute each query exactly as it would be computed alone (no slot splits across tasks, the
+  // per-row score path for every tile size): results independent of batch and chunking.
+  bool batch_invariant = false;
 };
 
 // Runs every sequence's attention; work is split over (sequence, kv head, query tile) on the

@@ -105,7 +105,7 @@ void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
   float* s = q + rows_pad * D;          // [rows_pad][kKeyTile]
   float* kt = s + rows_pad * kKeyTile;  // [D][kKeyTile] or [kKeyTile][D]
   float* vt = kt + kKeyTile * D;        // [kKeyTile][D]
-  const bool wide = rows >= kWideRows;
+  const bool wide = rows >= kWideRows && !a.batch_invariant;
 
   const typename V::T vscale = V::Set1(a.scale);
   for (int r = 0; r < rows_pad; ++r) {

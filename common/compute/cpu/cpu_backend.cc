@@ -27,6 +27,7 @@ class CpuMatrix final : public PreparedMatrix {
   struct Part {
     QuantMatrix q;
     int64_t row_begin;
+    std::vector<float> col_scale;  // [k] input-column scales (folded norm weight); empty: none
   };
   std::vector<Part> parts;
   int64_t n_ = 0, k_ = 0;
@@ -34,12 +35,17 @@ class CpuMatrix final : public PreparedMatrix {
   mutable std::once_flag gemm_once;
   mutable std::unique_ptr<DnnlLinear> gemm;  // prepacked on first large-batch use
   mutable absl::Status gemm_status;
+  // Scaled matrices exist only in GEMM form: small batches use the GEMM too, and the GGUF bytes
+  // are not read after preparation.
+  bool gemm_only = false;
 
   int64_t n() const override { return n_; }
   int64_t k() const override { return k_; }
   size_t resident_bytes() const override {
     size_t b = 0;
-    for (const Part& p : parts) b += p.q.row_bytes * p.q.n;
+    if (!gemm_only) {
+      for (const Part& p : parts) b += p.q.row_bytes * p.q.n;
+    }
     if (gemm) b += gemm->packed_bytes();
     return b;
   }
@@ -53,7 +59,11 @@ class CpuMatrix final : public PreparedMatrix {
           const int64_t end = std::min(r1, p.row_begin + p.q.n);
           for (int64_t r = std::max(r0, p.row_begin); r < end; ++r) {
             const auto* src = static_cast<const uint8_t*>(p.q.data);
-            DequantizeRow(p.q.type, src + (r - p.row_begin) * p.q.row_bytes, w.data() + r * k_, k_);
+            float* row = w.data() + r * k_;
+            DequantizeRow(p.q.type, src + (r - p.row_begin) * p.q.row_bytes, row, k_);
+            if (!p.col_scale.empty()) {
+              for (int64_t j = 0; j < k_; ++j) row[j] *= p.col_scale[j];
+            }
           }
         }
       });
@@ -147,6 +157,14 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
       std::span<const GgufTensorInfo* const> parts) override {
+    ASSIGN_OR_RETURN(std::unique_ptr<PreparedMatrix> m, PrepareUnpacked(parts));
+    if (opts_.prepack_at_load) RETURN_IF_ERROR(static_cast<CpuMatrix&>(*m).EnsureGemm());
+    return m;
+  }
+
+  // The parts bound as quantised blocks, the GEMM form not yet built.
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareUnpacked(
+      std::span<const GgufTensorInfo* const> parts) {
     auto m = std::make_unique<CpuMatrix>();
     m->precision = opts_.gemm;
     for (const GgufTensorInfo* t : parts) {
@@ -163,8 +181,25 @@ class CpuBackend final : public Backend {
       m->parts.push_back({q, m->n_});
       m->n_ += t->rows();
     }
-    if (opts_.prepack_at_load) RETURN_IF_ERROR(m->EnsureGemm());
     return std::unique_ptr<PreparedMatrix>(std::move(m));
+  }
+
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
+      std::span<const GgufTensorInfo* const> parts,
+      std::span<const float* const> col_scales) override {
+    if (col_scales.size() != parts.size()) {
+      return absl::InvalidArgumentError("scaled matrix: one column-scale vector per part");
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<PreparedMatrix> pm, PrepareUnpacked(parts));
+    auto* m = static_cast<CpuMatrix*>(pm.get());
+    for (size_t i = 0; i < parts.size(); ++i) {
+      if (col_scales[i] == nullptr) return absl::InvalidArgumentError("scaled matrix: null scale");
+      m->parts[i].col_scale.assign(col_scales[i], col_scales[i] + m->k_);
+    }
+    m->gemm_only = true;
+    // Always prepared now: the GEMM form is the only form it has.
+    RETURN_IF_ERROR(m->EnsureGemm());
+    return pm;
   }
 
   absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(const GgufTensorInfo& t) override {
@@ -210,9 +245,16 @@ class CpuBackend final : public Backend {
       dst = tmp_.data();
       ldd = w.n_;
     }
-    if (m <= opts_.gemv_max_rows) {
-      for (const CpuMatrix::Part& p : w.parts) {
-        QuantGemm(p.q, x, m, ldx, dst + p.row_begin, ldd, opts_.gemv);
+    if ((m <= opts_.gemv_max_rows || opts_.batch_invariant) && !w.gemm_only) {
+      // Slabs of rows keep x in L2 while the weights stream by; a row's result is the same in
+      // any slab (the GEMV kernels' per-row arithmetic does not depend on m).
+      constexpr int kSlab = 64;
+      for (int i0 = 0; i0 < m; i0 += kSlab) {
+        const int mi = std::min(kSlab, m - i0);
+        for (const CpuMatrix::Part& p : w.parts) {
+          QuantGemm(p.q, x + int64_t{i0} * ldx, mi, ldx, dst + int64_t{i0} * ldd + p.row_begin,
+                    ldd, opts_.gemv);
+        }
       }
     } else {
       w.Gemm().Run(x, m, ldx, dst, ldd);
@@ -229,6 +271,15 @@ class CpuBackend final : public Backend {
 
   void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
     for (int i = 0; i < m; ++i) AddRow(x + int64_t{i} * ldx, b.data(), n);
+  }
+
+  void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
+                 int64_t ldy) override {
+    for (int i = 0; i < m; ++i) {
+      const float* xr = x + int64_t{i} * ldx;
+      float* yr = y + int64_t{i} * ldy;
+      for (int j = 0; j < n; ++j) yr[j] += alpha * xr[j];
+    }
   }
 
   void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim, const RopeAngles& a) override {
@@ -266,7 +317,12 @@ class CpuBackend final : public Backend {
     WriteKvCpu(k, v, m, ld, n_kv_heads, head_dim, kv, slot_begin);
   }
 
-  void Attention(std::span<const AttentionArgs> seqs) override { AttentionCpu(seqs); }
+  void Attention(std::span<const AttentionArgs> seqs) override {
+    if (!opts_.batch_invariant) return AttentionCpu(seqs);
+    invariant_args_.assign(seqs.begin(), seqs.end());
+    for (AttentionArgs& a : invariant_args_) a.batch_invariant = true;
+    AttentionCpu(invariant_args_);
+  }
 
   void ToHost(const float* src, size_t n, float* dst) override {
     std::memcpy(dst, src, n * sizeof(float));
@@ -275,6 +331,7 @@ class CpuBackend final : public Backend {
  private:
   CpuBackendOptions opts_;
   std::vector<float> tmp_;  // Linear's accumulate scratch: one forward at a time per backend
+  std::vector<AttentionArgs> invariant_args_;  // Attention's copy of the args (batch_invariant)
 };
 
 }  // namespace

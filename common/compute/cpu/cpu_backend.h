@@ -18,6 +18,11 @@ struct CpuBackendOptions {
   // Prepack GEMM weights when a matrix is prepared, rather than on its first large batch, so
   // that the first prompt does not pay for it.
   bool prepack_at_load = true;
+  // Every row's result independent of the batch it is in (fp32 exactness under continuous
+  // batching): Linear runs every row through the GEMV kernels, whose per-row arithmetic does not
+  // depend on m, and attention treats every query like a decode query (AttentionArgs). Slower
+  // prefill; the decode engine sets it for "fp32".
+  bool batch_invariant = false;
 };
 
 // The precision paths, by name:

@@ -32,11 +32,12 @@
 namespace tripod::qgemv {
 namespace {
 
+// Same association as Hsum4, ((v0+v1)+(v2+v3)) + ((v4+v5)+(v6+v7)), so that a row's result does
+// not depend on how many rows a kernel group holds (batch invariance).
 inline float Hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
+  const __m256 h = _mm256_hadd_ps(v, v);
+  const __m256 h2 = _mm256_hadd_ps(h, h);
+  return _mm_cvtss_f32(_mm_add_ss(_mm256_castps256_ps128(h2), _mm256_extractf128_ps(h2, 1)));
 }
 
 // Lane r of the result is the horizontal sum of v_r.

@@ -167,9 +167,14 @@ TEST(PagedKvCacheTest, PrefixHitSharesFullBlocksAndReadsTheSameBytes) {
   EXPECT_NE(c->Layer(b, 0).block_ids[2], c->Layer(a, 0).block_ids[2]);
   EXPECT_TRUE(SlotsHold(*c, a, 0, 10, 1));
 
-  // Never all of the tokens: exactly two blocks' worth leaves the last block to run.
+  // Never all of the tokens: exactly two blocks' worth reuses 7 slots; the last block is a
+  // private copy (its last slot will be written again), holding the cached bytes.
   const int32_t d = c->NewSequence(7);
-  EXPECT_EQ(c->AttachCachedPrefix(d, std::vector<int32_t>(prompt.begin(), prompt.begin() + 8)), 4);
+  EXPECT_EQ(c->AttachCachedPrefix(d, std::vector<int32_t>(prompt.begin(), prompt.begin() + 8)), 7);
+  EXPECT_EQ(c->Layer(d, 0).block_ids[0], c->Layer(a, 0).block_ids[0]);
+  EXPECT_NE(c->Layer(d, 0).block_ids[1], c->Layer(a, 0).block_ids[1]);
+  EXPECT_TRUE(SlotsHold(*c, d, 0, 7, 1));
+  EXPECT_TRUE(c->CheckConsistency().ok());
   // Another plan: a miss.
   const int32_t e = c->NewSequence(8);
   EXPECT_EQ(c->AttachCachedPrefix(e, longer), 0);

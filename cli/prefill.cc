@@ -1,0 +1,102 @@
+// `tripod prefill`: one POP prefill of a prompt on a prefill worker's pruned model. Prints one
+// JSON line: the plan, resident weight bytes against the full model's, and the timing; with
+// --kv_out it writes the KV snapshot (K then V, [layer][kv head][slot][head_dim] of the KV
+// element type, float32 under --precision fp32) for the reference tests.
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/compute/session.h"
+#include "common/model/gguf.h"
+#include "common/model/tokenizer.h"
+#include "common/util/status_macros.h"
+#include "common/util/thread_pool.h"
+#include "prefill_node/prefill_engine.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(std::string, ids);
+ABSL_DECLARE_FLAG(int, chunk);
+
+ABSL_FLAG(std::string, pop_ratio, "", "prefill: POP pruning ratio, e.g. 1/3 (default 1/3)");
+ABSL_FLAG(std::string, pop_layers, "",
+          "prefill: skipped layers instead of a ratio, e.g. 20-29 or 3,7 (none: skip nothing)");
+ABSL_FLAG(bool, pop_stack_kv, true, "prefill: the skipped layers' K/V as one stacked GEMM");
+ABSL_FLAG(bool, compare_full, true, "prefill: also load the full model to report its bytes");
+ABSL_FLAG(std::string, kv_out, "", "prefill: write the KV snapshot (K then V) to this file");
+
+namespace tripod {
+
+absl::Status PrefillMain() {
+  PrefillOptions o;
+  o.model_path = absl::GetFlag(FLAGS_model);
+  if (o.model_path.empty()) o.model_path = BundledModelPath();
+  o.precision = absl::GetFlag(FLAGS_precision);
+  o.chunk = absl::GetFlag(FLAGS_chunk);
+  o.stack_kv = absl::GetFlag(FLAGS_pop_stack_kv);
+  ASSIGN_OR_RETURN(o.pop,
+                   ParsePopConfig(absl::GetFlag(FLAGS_pop_ratio), absl::GetFlag(FLAGS_pop_layers)));
+
+  std::vector<int32_t> prompt;
+  if (!absl::GetFlag(FLAGS_ids).empty()) {
+    for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_ids), ',')) {
+      int32_t id;
+      if (!absl::SimpleAtoi(s, &id)) {
+        return absl::InvalidArgumentError(absl::StrCat("prefill: bad token id '", s, "'"));
+      }
+      prompt.push_back(id);
+    }
+  } else if (!absl::GetFlag(FLAGS_prompt).empty()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(o.model_path));
+    ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*gguf));
+    prompt = tok->Encode(absl::GetFlag(FLAGS_prompt), true);
+  } else {
+    return absl::InvalidArgumentError("prefill needs --prompt TEXT or --ids 1,2,3");
+  }
+
+  size_t full_bytes = 0;
+  if (absl::GetFlag(FLAGS_compare_full)) {
+    ASSIGN_OR_RETURN(full_bytes, FullModelWeightBytes(o.model_path, o.precision));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, PrefillEngine::Create(o));
+  ASSIGN_OR_RETURN(PrefillResult r, engine->Run(prompt));
+
+  const std::string kv_out = absl::GetFlag(FLAGS_kv_out);
+  if (!kv_out.empty()) {
+    std::ofstream f(kv_out, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(r.kv.k.data()),
+            static_cast<std::streamsize>(r.kv.k.size()));
+    f.write(reinterpret_cast<const char*>(r.kv.v.data()),
+            static_cast<std::streamsize>(r.kv.v.size()));
+    if (!f) return absl::InternalError(absl::StrCat("prefill: cannot write ", kv_out));
+  }
+  const ModelConfig& c = engine->model().config;
+  const size_t pop_bytes = engine->resident_weight_bytes();
+  std::printf(
+      "{\"command\":\"prefill\",\"model\":\"%s\",\"backend\":\"%s\",\"threads\":%d,"
+      "\"plan\":\"%s\",\"skipped\":\"%s\",\"prompt_tokens\":%zu,\"prefilled_tokens\":%d,"
+      "\"last_token\":%d,\"last_position\":%d,\"resident_weight_bytes\":%zu,",
+      o.model_path.c_str(), engine->backend().name().c_str(), ComputeThreads(),
+      engine->plan().DebugString().c_str(),
+      DescribeSkipped(engine->skipped_layers(), c.n_layers).c_str(), prompt.size(), r.kv.n_slots,
+      r.last_token, r.last_position, pop_bytes);
+  if (full_bytes > 0) {
+    std::printf("\"full_model_weight_bytes\":%zu,\"resident_fraction\":%.3f,", full_bytes,
+                static_cast<double>(pop_bytes) / static_cast<double>(full_bytes));
+  }
+  std::printf(
+      "\"kv_bytes\":%zu,\"chunks\":%d,\"forward_s\":%.4f,\"tok_s\":%.1f,\"export_s\":%.4f}\n",
+      r.kv.k.size() + r.kv.v.size(), r.chunks, r.forward_s,
+      r.forward_s > 0 ? r.kv.n_slots / r.forward_s : 0.0, r.export_s);
+  return absl::OkStatus();
+}
+
+}  // namespace tripod

@@ -1,0 +1,169 @@
+// ScheduleStep and friends; see batch_scheduler.h.
+#include "decode_node/batch_scheduler.h"
+
+#include <algorithm>
+#include <span>
+
+#include "absl/strings/str_cat.h"
+
+namespace tripod {
+namespace {
+
+void Preempt(SchedSeq* s, SchedulerQueues& q, PagedKvCache& cache, StepSchedule& out) {
+  cache.FreeSequence(s->kv_seq);
+  s->kv_seq = -1;
+  s->n_computed = 0;
+  s->kv_len = 0;
+  ++s->preemptions;
+  q.running.erase(std::find(q.running.begin(), q.running.end(), s));
+  q.waiting.push_front(s);
+  out.preempted.push_back(s);
+}
+
+// The newest running sequence that is not imported, else the newest.
+size_t PickVictim(const std::vector<SchedSeq*>& running) {
+  for (size_t j = running.size(); j-- > 0;) {
+    if (running[j]->snapshot == nullptr) return j;
+  }
+  return running.size() - 1;
+}
+
+absl::Status TooBig(const SchedSeq& s, int slots, const PagedKvCache& cache) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("request ", s.id, " needs ", cache.BlocksFor(slots), " KV blocks of ",
+                   cache.block_tokens(), " tokens; the cache has ", cache.num_blocks(),
+                   " (watermark ", cache.watermark_blocks(), "): raise the KV budget"));
+}
+
+// Admits the sequence at the front of the waiting queue with a chunk of at most `budget` tokens.
+// Returns the chunk size, 0 when it does not fit now (it stays waiting), or -1 when it failed.
+int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueues& q,
+          PagedKvCache& cache, StepSchedule& out) {
+  const int32_t kv = cache.NewSequence(config.plan_key);
+  int attached = 0;
+  int base_slots = 0;  // slots already held before this chunk
+  if (s->snapshot != nullptr) {
+    s->n_computed = s->n_prompt - 1;
+    base_slots = s->snapshot->n_slots;
+  } else {
+    attached = cache.AttachCachedPrefix(kv, s->tokens);
+    s->n_computed = attached;
+    base_slots = attached;
+  }
+  const int n = std::min(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+  const int new_slots = s->snapshot != nullptr ? base_slots + n : n;
+  auto fail = [&](absl::Status st) {
+    cache.FreeSequence(kv);
+    s->n_computed = 0;
+    q.waiting.pop_front();
+    out.failed.emplace_back(s, std::move(st));
+    return -1;
+  };
+  if (!cache.CanAdmit(new_slots)) {
+    cache.FreeSequence(kv);
+    s->n_computed = 0;
+    // With nothing running every block is free or evictable: it will never fit.
+    if (q.running.empty()) return fail(TooBig(*s, base_slots + n, cache));
+    return 0;
+  }
+  if (s->snapshot != nullptr) {
+    if (absl::Status st = cache.Import(kv, *s->snapshot); !st.ok()) return fail(st);
+  }
+  if (!cache.EnsureCapacity(kv, base_slots + n)) {
+    cache.FreeSequence(kv);
+    s->n_computed = 0;
+    if (q.running.empty()) return fail(TooBig(*s, base_slots + n, cache));
+    return 0;
+  }
+  s->kv_seq = kv;
+  s->kv_len = base_slots;
+  out.attached_slots += attached;
+  q.waiting.pop_front();
+  q.running.push_back(s);
+  out.admitted.push_back(s);
+  out.chunks.push_back({s, n, s->n_computed + n == static_cast<int>(s->tokens.size())});
+  return n;
+}
+
+}  // namespace
+
+StepSchedule ScheduleStep(const SchedulerConfig& config, SchedulerQueues& q, PagedKvCache& cache) {
+  StepSchedule out;
+  int budget = std::max(1, config.max_tokens_per_step);
+
+  // Running sequences, oldest first: each takes its pending tokens (chunked by the budget).
+  for (size_t i = 0; i < q.running.size() && budget > 0;) {
+    SchedSeq* s = q.running[i];
+    const int n = std::min(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+    if (n <= 0) {
+      ++i;
+      continue;
+    }
+    bool self_preempted = false;
+    while (!cache.EnsureCapacity(s->kv_seq, s->kv_len + n)) {
+      if (q.running.size() == 1) {
+        // Alone and still too big: no victim can make room.
+        const int slots = s->kv_len + n;
+        cache.FreeSequence(s->kv_seq);
+        s->kv_seq = -1;
+        q.running.clear();
+        out.failed.emplace_back(s, TooBig(*s, slots, cache));
+        self_preempted = true;
+        break;
+      }
+      const size_t v = PickVictim(q.running);
+      SchedSeq* victim = q.running[v];
+      Preempt(victim, q, cache, out);
+      if (victim == s) {
+        self_preempted = true;
+        break;
+      }
+      if (v < i) {
+        // An older sequence already scheduled this step (the newer ones are all imported):
+        // take its chunk back.
+        auto it = std::find_if(out.chunks.begin(), out.chunks.end(),
+                               [&](const ScheduledChunk& c) { return c.seq == victim; });
+        budget += it->n_tokens;
+        out.chunks.erase(it);
+        --i;
+      }
+    }
+    if (self_preempted) break;  // the pool is exhausted: nothing later fits either
+    out.chunks.push_back({s, n, s->n_computed + n == static_cast<int>(s->tokens.size())});
+    budget -= n;
+    ++i;
+  }
+
+  // Admission, FIFO, unless this step had to preempt (memory is short).
+  while (out.preempted.empty() && budget > 0 && !q.waiting.empty() &&
+         static_cast<int>(q.running.size()) < config.max_running) {
+    const int n = Admit(q.waiting.front(), budget, config, q, cache, out);
+    if (n == 0) break;  // head of line waits for blocks
+    if (n > 0) budget -= n;
+  }
+
+  for (const ScheduledChunk& c : out.chunks) out.n_tokens += c.n_tokens;
+  return out;
+}
+
+void CommitStep(const StepSchedule& schedule, PagedKvCache& cache) {
+  for (const ScheduledChunk& c : schedule.chunks) {
+    SchedSeq* s = c.seq;
+    cache.Append(s->kv_seq, std::span<const int32_t>(s->tokens).subspan(s->n_computed, c.n_tokens));
+    s->n_computed += c.n_tokens;
+    s->kv_len += c.n_tokens;
+  }
+}
+
+void ReleaseSequence(SchedSeq* s, SchedulerQueues& q, PagedKvCache& cache) {
+  if (s->kv_seq >= 0) cache.FreeSequence(s->kv_seq);
+  s->kv_seq = -1;
+  if (auto it = std::find(q.running.begin(), q.running.end(), s); it != q.running.end()) {
+    q.running.erase(it);
+  }
+  if (auto it = std::find(q.waiting.begin(), q.waiting.end(), s); it != q.waiting.end()) {
+    q.waiting.erase(it);
+  }
+}
+
+}  // namespace tripod

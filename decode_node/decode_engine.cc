@@ -1,0 +1,349 @@
+// DecodeEngine; see decode_engine.h.
+#include "decode_node/decode_engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/session.h"
+#include "common/compute/step_batch.h"
+#include "common/util/status_macros.h"
+#include "common/util/thread_pool.h"
+#include "decode_node/stop_matcher.h"
+
+namespace tripod {
+
+const char* FinishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kNone:
+      return "none";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "cancelled";
+    case FinishReason::kError:
+      return "error";
+  }
+  return "?";
+}
+
+struct DecodeEngine::Sequence {
+  Sequence(DecodeRequest r, const Tokenizer& tok, int32_t vocab)
+      : req(std::move(r)), sampler(req.sampling, vocab), decoder(tok), stop(req.stop) {}
+  SchedSeq sched;
+  DecodeRequest req;
+  Sampler sampler;
+  StreamingDecoder decoder;
+  StopMatcher stop;
+  int n_generated = 0;
+};
+
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
+    const DecodeEngineOptions& options) {
+  if (options.max_tokens_per_step < 1 || options.max_running < 1 || options.block_tokens < 1) {
+    return absl::InvalidArgumentError(
+        "decode engine: max_tokens_per_step, max_running and block_tokens must be >= 1");
+  }
+  std::unique_ptr<DecodeEngine> e(new DecodeEngine());
+  e->options_ = options;
+  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
+  cpu.batch_invariant =
+      options.batch_invariant < 0 ? options.precision == "fp32" : options.batch_invariant != 0;
+  // Batch-invariant Linear never takes the GEMM path: no fp32 copy of the weights to prepack.
+  if (cpu.batch_invariant) cpu.prepack_at_load = false;
+  e->backend_ = MakeCpuBackend(cpu);
+  const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
+  ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_));
+  ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(*e->model_->gguf));
+  const ModelConfig& c = e->model_->config;
+  if (!e->model_->output) {
+    return absl::FailedPreconditionError("decode engine: the model has no output head");
+  }
+  PagedKvOptions kv;
+  kv.layout.n_layers = c.n_layers;
+  kv.layout.n_kv_heads = c.n_kv_heads;
+  kv.layout.head_dim = c.head_dim;
+  kv.layout.dtype = cpu.kv;
+  kv.block_tokens = options.block_tokens;
+  kv.budget_bytes = options.kv_budget_bytes;
+  kv.watermark = options.watermark;
+  ASSIGN_OR_RETURN(e->cache_, PagedKvCache::Create(kv));
+  e->ws_ = std::make_unique<ForwardWorkspace>(*e->backend_);
+  e->plan_ = ForwardPlan::Full(c.n_layers);
+  e->sched_config_.max_tokens_per_step = options.max_tokens_per_step;
+  e->sched_config_.max_running = options.max_running;
+  e->sched_config_.plan_key = e->plan_.KvKey();
+  e->context_ = options.context_tokens > 0 ? std::min(options.context_tokens, c.context_length)
+                                           : c.context_length;
+  return e;
+}
+
+DecodeEngine::~DecodeEngine() {
+  Stop();
+  // Whatever is still in flight ends as cancelled, so that no stream is left open.
+  Intake();
+  std::vector<int64_t> ids;
+  for (const auto& [id, s] : seqs_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (int64_t id : ids) {
+    TokenEvent ev;
+    ev.finish = FinishReason::kCancelled;
+    Finish(*seqs_.at(id), std::move(ev));
+  }
+}
+
+absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
+  const ModelConfig& c = model_->config;
+  const int n = static_cast<int>(r.prompt.size());
+  if (n == 0) return absl::InvalidArgumentError("request: the prompt is empty");
+  for (int32_t t : r.prompt) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request: token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  if (n >= context_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: the prompt has ", n, " tokens; the context holds ", context_));
+  }
+  if (r.max_tokens < 1) return absl::InvalidArgumentError("request: max_tokens must be >= 1");
+  RETURN_IF_ERROR(r.sampling.Validate());
+  if (r.kv != nullptr) {
+    const KvSnapshot& s = *r.kv;
+    if (s.layout.n_layers != c.n_layers || s.layout.n_kv_heads != c.n_kv_heads ||
+        s.layout.head_dim != c.head_dim) {
+      return absl::InvalidArgumentError("request: the KV snapshot's layout is not the model's");
+    }
+    RETURN_IF_ERROR(ValidateSnapshot(s, n - 1));
+    if (s.trimmed() ? s.n_slots > n - 1 : s.n_slots != n - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request: the KV snapshot holds ", s.n_slots, " slots for ", n - 1,
+                       " prompt tokens (untrimmed KV must cover exactly tokens 0..n-2)"));
+    }
+  }
+  auto seq = std::make_unique<Sequence>(std::move(r), *tokenizer_, c.vocab_size);
+  seq->sched.tokens = seq->req.prompt;
+  seq->sched.n_prompt = n;
+  seq->sched.snapshot = seq->req.kv.get();
+  absl::MutexLock lock(&mu_);
+  const int64_t id = next_id_++;
+  seq->sched.id = id;
+  incoming_.push_back(std::move(seq));
+  cv_.Signal();
+  return id;
+}
+
+void DecodeEngine::Cancel(int64_t id) {
+  absl::MutexLock lock(&mu_);
+  cancels_.insert(id);
+  cv_.Signal();
+}
+
+bool DecodeEngine::idle() const {
+  absl::MutexLock lock(&mu_);
+  return incoming_.empty() && active_ == 0;
+}
+
+DecodeEngine::KvUsage DecodeEngine::kv_usage() const {
+  KvUsage u;
+  u.blocks = cache_->num_blocks() - cache_->num_free_blocks();
+  for (const SchedSeq* s : queues_.running) u.slots += s->kv_len;
+  return u;
+}
+
+DecodeEngineStats DecodeEngine::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void DecodeEngine::Intake() {
+  std::deque<std::unique_ptr<Sequence>> in;
+  absl::flat_hash_set<int64_t> cancels;
+  {
+    absl::MutexLock lock(&mu_);
+    in.swap(incoming_);
+    cancels.swap(cancels_);
+    active_ += static_cast<int64_t>(in.size());
+  }
+  for (auto& s : in) {
+    queues_.waiting.push_back(&s->sched);
+    const int64_t id = s->sched.id;
+    seqs_[id] = std::move(s);
+  }
+  std::vector<int64_t> ids(cancels.begin(), cancels.end());
+  std::sort(ids.begin(), ids.end());
+  for (int64_t id : ids) {
+    auto it = seqs_.find(id);
+    if (it == seqs_.end()) continue;
+    TokenEvent ev;
+    ev.finish = FinishReason::kCancelled;
+    Finish(*it->second, std::move(ev));
+  }
+}
+
+void DecodeEngine::Finish(Sequence& s, TokenEvent ev) {
+  const int64_t id = s.sched.id;
+  ReleaseSequence(&s.sched, queues_, *cache_);
+  ev.request_id = id;
+  if (ev.token < 0) ev.index = s.n_generated;
+  TokenCallback cb = std::move(s.req.on_event);
+  seqs_.erase(id);  // s is gone
+  {
+    absl::MutexLock lock(&mu_);
+    --active_;
+    ++stats_.finished;
+  }
+  if (cb) cb(ev);
+}
+
+void DecodeEngine::EmitToken(Sequence& s, const float* logits) {
+  const int32_t vocab = model_->config.vocab_size;
+  SampledToken st = s.sampler.Sample(std::span<const float>(logits, vocab), s.sched.tokens,
+                                     static_cast<size_t>(s.sched.n_prompt));
+  TokenEvent ev;
+  ev.token = st.id;
+  ev.index = s.n_generated++;
+  ev.logprob = st.logprob;
+  ev.top_logprobs = std::move(st.top);
+  s.sched.tokens.push_back(st.id);
+
+  if (!s.req.ignore_eos && tokenizer_->IsEndOfGeneration(st.id)) {
+    // The end token's own text is not streamed; what was held back for a stop string is.
+    ev.text = s.stop.Push(s.decoder.Flush()).text;
+    ev.text += s.stop.Flush();
+    ev.finish = FinishReason::kStop;
+    return Finish(s, std::move(ev));
+  }
+  StopMatcher::Result r = s.stop.Push(s.decoder.Push(st.id));
+  ev.text = std::move(r.text);
+  if (r.stopped) {
+    ev.finish = FinishReason::kStop;
+    return Finish(s, std::move(ev));
+  }
+  if (s.n_generated >= s.req.max_tokens || static_cast<int>(s.sched.tokens.size()) >= context_) {
+    r = s.stop.Push(s.decoder.Flush());
+    ev.text += r.text;
+    if (!r.stopped) ev.text += s.stop.Flush();
+    ev.finish = r.stopped ? FinishReason::kStop : FinishReason::kLength;
+    return Finish(s, std::move(ev));
+  }
+  if (s.req.on_event) {
+    ev.request_id = s.sched.id;
+    s.req.on_event(ev);
+  }
+}
+
+absl::Status DecodeEngine::Step() {
+  const double t0 = Now();
+  Intake();
+  StepSchedule sched = ScheduleStep(sched_config_, queues_, *cache_);
+  for (auto& [seq, status] : sched.failed) {
+    TokenEvent ev;
+    ev.finish = FinishReason::kError;
+    ev.error = status.ToString();
+    Finish(*seqs_.at(seq->id), std::move(ev));
+  }
+  int n_imported = 0;
+  for (const SchedSeq* s : sched.admitted) n_imported += s->snapshot != nullptr;
+
+  StepBatch batch;
+  for (const ScheduledChunk& c : sched.chunks) {
+    const SchedSeq& s = *c.seq;
+    batch.AddSequence(s.kv_seq, s.tokens.data() + s.n_computed, c.n_tokens, s.n_computed, s.kv_len,
+                      c.wants_logits);
+  }
+  double forward_s = 0;
+  absl::Status status;
+  if (!sched.chunks.empty()) {
+    const double f0 = Now();
+    status = Forward(*model_, *backend_, plan_, batch, *cache_, *ws_, &logits_);
+    forward_s = Now() - f0;
+  }
+  if (!status.ok()) {
+    // Nothing of this step reached the cache: the scheduled sequences end with the error.
+    for (const ScheduledChunk& c : sched.chunks) {
+      TokenEvent ev;
+      ev.finish = FinishReason::kError;
+      ev.error = status.ToString();
+      Finish(*seqs_.at(c.seq->id), std::move(ev));
+    }
+  } else {
+    CommitStep(sched, *cache_);
+    const int32_t vocab = model_->config.vocab_size;
+    int row = 0;
+    int64_t sampled = 0;
+    for (const ScheduledChunk& c : sched.chunks) {
+      if (!c.wants_logits) continue;
+      EmitToken(*seqs_.at(c.seq->id), logits_.data() + size_t{1} * row++ * vocab);
+      ++sampled;
+    }
+    absl::MutexLock lock(&mu_);
+    stats_.generated_tokens += sampled;
+  }
+  absl::MutexLock lock(&mu_);
+  if (!sched.chunks.empty()) ++stats_.steps;
+  stats_.forward_tokens += sched.n_tokens;
+  stats_.preemptions += static_cast<int64_t>(sched.preempted.size());
+  stats_.prefix_hit_slots += sched.attached_slots;
+  stats_.imported += n_imported;
+  stats_.max_batch_seqs = std::max(stats_.max_batch_seqs, static_cast<int>(sched.chunks.size()));
+  stats_.forward_seconds += forward_s;
+  stats_.step_seconds += Now() - t0;
+  return status;
+}
+
+absl::Status DecodeEngine::RunUntilIdle() {
+  absl::Status first;
+  while (!idle()) {
+    absl::Status s = Step();
+    if (first.ok() && !s.ok()) first = s;
+  }
+  return first;
+}
+
+void DecodeEngine::Loop() {
+  // This thread has its own OpenMP team: pin its workers as start-up pinned the main thread's
+  // (unpinned workers on a loaded machine pass each barrier only at a scheduler tick).
+  SetComputeThreads(ComputeThreads());
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && incoming_.empty() && cancels_.empty() && active_ == 0) cv_.Wait(&mu_);
+      if (stop_) return;
+    }
+    absl::Status s = Step();
+    if (!s.ok()) std::fprintf(stderr, "tripod decode: step failed: %s\n", s.ToString().c_str());
+  }
+}
+
+void DecodeEngine::Start() {
+  if (loop_.joinable()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = false;
+  }
+  loop_ = std::thread([this] { Loop(); });
+}
+
+void DecodeEngine::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    cv_.Signal();
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+}  // namespace tripod

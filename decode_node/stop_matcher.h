@@ -1,0 +1,31 @@
+// Stop strings on streamed text: text is released only once no stop string can still begin in
+// it, so no part of a stop string is ever streamed; the text before the first match is.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tripod {
+
+class StopMatcher {
+ public:
+  explicit StopMatcher(std::vector<std::string> stops);
+
+  struct Result {
+    std::string text;      // newly final text
+    bool stopped = false;  // a stop string matched; text ends just before it
+  };
+  // Appends decoded text. After a stop, further pushes return nothing.
+  Result Push(std::string_view piece);
+  // The text still held back (at the end of the stream, when no stop string matched).
+  std::string Flush();
+  bool stopped() const { return stopped_; }
+
+ private:
+  std::vector<std::string> stops_;  // non-empty strings only
+  std::string held_;                // decoded text not yet released
+  bool stopped_ = false;
+};
+
+}  // namespace tripod

@@ -1,0 +1,371 @@
+// The decode engine on the bundled model, fp32 (batch-invariant kernels): the greedy tokens of
+// many concurrent sequences equal those of each sequence run alone, also under preemption,
+// cancellation, prefix-cache hits and imported KV; finish reasons, stop strings and logprobs.
+#include "decode_node/decode_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <deque>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/compute/cpu/cpu_backend.h"
+#include "common/kv/contiguous_kv_cache.h"
+#include "common/model/chat_template.h"
+#include "common/util/thread_pool.h"
+
+namespace tripod {
+namespace {
+
+std::string ModelPath() {
+  const char* env = std::getenv("TRIPOD_MODEL");
+  return env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+DecodeEngineOptions Options(size_t kv_bytes = size_t{64} << 20) {
+  DecodeEngineOptions o;
+  o.model_path = ModelPath();
+  o.precision = "fp32";
+  o.kv_budget_bytes = kv_bytes;
+  o.max_tokens_per_step = 128;  // the longer prompts run in chunks
+  return o;
+}
+
+std::unique_ptr<DecodeEngine> NewEngine(const DecodeEngineOptions& o) {
+  auto e = DecodeEngine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> id(200, 40000);
+  std::vector<int32_t> p(n);
+  for (int32_t& t : p) t = id(rng);
+  return p;
+}
+
+struct Stream {
+  std::vector<int32_t> tokens;
+  std::vector<TokenEvent> events;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+};
+
+DecodeRequest Greedy(std::vector<int32_t> prompt, int max_tokens, Stream* out) {
+  DecodeRequest r;
+  r.prompt = std::move(prompt);
+  r.sampling.temperature = 0;
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.on_event = [out](const TokenEvent& ev) {
+    EXPECT_EQ(out->finish, FinishReason::kNone) << "event after the finish";
+    if (ev.token >= 0) out->tokens.push_back(ev.token);
+    out->text += ev.text;
+    out->finish = ev.finish;
+    out->events.push_back(ev);
+  };
+  return r;
+}
+
+// Prompt lengths from under one KV block to several (16-token blocks), prefilled in chunks.
+class DecodeEngineTest : public ::testing::Test {
+ protected:
+  // What a binary does at start-up (flags): pins the compute pool's workers, without which a
+  // loaded machine stalls every parallel region (see thread_pool.cc).
+  static void SetUpTestSuite() { SetComputeThreads(ComputeThreads()); }
+};
+
+const std::vector<int> kLengths = {5, 17, 33, 50, 71, 96, 128, 160};
+constexpr int kNewTokens = 16;
+
+// Each prompt alone through a fresh engine: the reference tokens.
+std::vector<std::vector<int32_t>> AloneTokens() {
+  static const auto* ref = [] {
+    auto* r = new std::vector<std::vector<int32_t>>();
+    auto e = NewEngine(Options());
+    if (e == nullptr) return r;
+    for (size_t i = 0; i < kLengths.size(); ++i) {
+      Stream s;
+      EXPECT_TRUE(e->Submit(Greedy(RandomPrompt(kLengths[i], 100 + i), kNewTokens, &s)).ok());
+      EXPECT_TRUE(e->RunUntilIdle().ok());
+      EXPECT_EQ(s.finish, FinishReason::kLength);
+      r->push_back(s.tokens);
+    }
+    return r;
+  }();
+  return *ref;
+}
+
+// All prompts at once; returns each stream.
+std::deque<Stream> RunConcurrent(DecodeEngine& e) {
+  std::deque<Stream> streams(kLengths.size());
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    EXPECT_TRUE(e.Submit(Greedy(RandomPrompt(kLengths[i], 100 + i), kNewTokens, &streams[i])).ok());
+  }
+  EXPECT_TRUE(e.RunUntilIdle().ok());
+  return streams;
+}
+
+void ExpectAllFree(const DecodeEngine& e) {
+  EXPECT_TRUE(e.cache().CheckConsistency().ok()) << e.cache().CheckConsistency();
+  EXPECT_EQ(e.cache().num_free_blocks(), e.cache().num_blocks());
+  EXPECT_TRUE(e.idle());
+}
+
+TEST_F(DecodeEngineTest, ConcurrentGreedyEqualsAlone) {
+  const auto ref = AloneTokens();
+  ASSERT_EQ(ref.size(), kLengths.size());
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  std::deque<Stream> streams = RunConcurrent(*e);
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    EXPECT_EQ(streams[i].finish, FinishReason::kLength);
+    EXPECT_EQ(streams[i].tokens, ref[i]) << "prompt of " << kLengths[i] << " tokens";
+  }
+  const DecodeEngineStats st = e->stats();
+  EXPECT_GE(st.max_batch_seqs, 8);  // they really ran together
+  EXPECT_EQ(st.generated_tokens, static_cast<int64_t>(kLengths.size()) * kNewTokens);
+  EXPECT_EQ(st.preemptions, 0);
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeEngineTest, PreemptionKeepsTokens) {
+  const auto ref = AloneTokens();
+  // 24 blocks of 16 tokens: the longest sequence (176 tokens, 11 blocks) fits alone, all eight
+  // together (~690 tokens, 46 blocks) do not.
+  const size_t per_token = 2ull * 30 * 3 * 64 * 4;
+  auto e = NewEngine(Options(24 * 16 * per_token));
+  ASSERT_NE(e, nullptr);
+  ASSERT_EQ(e->cache().num_blocks(), 24);
+  std::deque<Stream> streams = RunConcurrent(*e);
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    EXPECT_EQ(streams[i].finish, FinishReason::kLength);
+    EXPECT_EQ(streams[i].tokens, ref[i]) << "prompt of " << kLengths[i] << " tokens";
+  }
+  EXPECT_GT(e->stats().preemptions, 0);
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeEngineTest, CancellationFreesBlocksAndLeavesOthersUnchanged) {
+  const auto ref = AloneTokens();
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  std::deque<Stream> streams(kLengths.size());
+  std::vector<int64_t> ids(kLengths.size());
+  DecodeEngine* engine = e.get();
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    DecodeRequest r = Greedy(RandomPrompt(kLengths[i], 100 + i), kNewTokens, &streams[i]);
+    if (i == 3) {
+      // Cancel from inside the stream after the 5th token (the callback may call Cancel).
+      TokenCallback inner = r.on_event;
+      r.on_event = [inner, engine, &ids, i](const TokenEvent& ev) {
+        inner(ev);
+        if (ev.index == 4 && ev.token >= 0) engine->Cancel(ids[i]);
+      };
+    }
+    auto id = e->Submit(std::move(r));
+    ASSERT_TRUE(id.ok());
+    ids[i] = *id;
+  }
+  e->Cancel(ids[6]);  // before it ever ran
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    if (i == 3) {
+      EXPECT_EQ(streams[i].finish, FinishReason::kCancelled);
+      ASSERT_EQ(streams[i].tokens.size(), 5u);
+      EXPECT_EQ(streams[i].tokens, std::vector<int32_t>(ref[i].begin(), ref[i].begin() + 5));
+      EXPECT_EQ(streams[i].events.back().token, -1);
+    } else if (i == 6) {
+      EXPECT_EQ(streams[i].finish, FinishReason::kCancelled);
+      EXPECT_TRUE(streams[i].tokens.empty());
+    } else {
+      EXPECT_EQ(streams[i].tokens, ref[i]) << "prompt of " << kLengths[i] << " tokens";
+    }
+  }
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeEngineTest, PrefixCacheHitGivesTheSameTokens) {
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> prompt = RandomPrompt(150, 7);
+  Stream first, second;
+  ASSERT_TRUE(e->Submit(Greedy(prompt, 12, &first)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(e->stats().prefix_hit_slots, 0);
+  ASSERT_TRUE(e->Submit(Greedy(prompt, 12, &second)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(e->stats().prefix_hit_slots, 144);  // 9 full blocks of the 150-token prompt
+  EXPECT_EQ(first.tokens.size(), 12u);
+  EXPECT_EQ(second.tokens, first.tokens);
+  ExpectAllFree(*e);
+}
+
+// KV of tokens 0..n-2 from a separate forward (as a prefill worker computes it).
+KvSnapshot PrefillSnapshot(const std::vector<int32_t>& prompt) {
+  CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
+  o.batch_invariant = true;
+  o.prepack_at_load = false;
+  auto backend = MakeCpuBackend(o);
+  auto model = LoadModel(ModelPath(), *backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  const ModelConfig& c = (*model)->config;
+  const int n = static_cast<int>(prompt.size()) - 1;
+  auto kv = ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32}, 1, n);
+  EXPECT_TRUE(kv.ok());
+  ForwardWorkspace ws(*backend);
+  StepBatch batch;
+  batch.AddSequence(0, prompt.data(), n, 0, 0, false);
+  const ForwardPlan plan = ForwardPlan::Full(c.n_layers);
+  EXPECT_TRUE(Forward(**model, *backend, plan, batch, **kv, ws, nullptr).ok());
+  auto snap = ExportSnapshot(**kv, 0, n);
+  EXPECT_TRUE(snap.ok()) << snap.status();
+  snap->token_ids.assign(prompt.begin(), prompt.end() - 1);
+  snap->plan_key = plan.KvKey();
+  return *std::move(snap);
+}
+
+TEST_F(DecodeEngineTest, ImportedKvGivesThePlainPathsTokens) {
+  const auto ref = AloneTokens();
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  std::deque<Stream> streams(3);
+  const std::vector<int> which = {1, 4, 7};
+  for (size_t k = 0; k < which.size(); ++k) {
+    const std::vector<int32_t> prompt = RandomPrompt(kLengths[which[k]], 100 + which[k]);
+    DecodeRequest r = Greedy(prompt, kNewTokens, &streams[k]);
+    r.kv = std::make_shared<KvSnapshot>(PrefillSnapshot(prompt));
+    ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  }
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  for (size_t k = 0; k < which.size(); ++k) {
+    EXPECT_EQ(streams[k].tokens, ref[which[k]]) << "prompt of " << kLengths[which[k]];
+  }
+  EXPECT_EQ(e->stats().imported, 3);
+  EXPECT_EQ(e->stats().forward_tokens, 3 * kNewTokens);  // only the last prompt tokens ran
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeEngineTest, RejectsBadRequests) {
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  Stream s;
+  EXPECT_FALSE(e->Submit(Greedy({}, 4, &s)).ok());
+  EXPECT_FALSE(e->Submit(Greedy({1, -3}, 4, &s)).ok());
+  EXPECT_FALSE(e->Submit(Greedy({1, 1 << 30}, 4, &s)).ok());
+  EXPECT_FALSE(e->Submit(Greedy({1, 2}, 0, &s)).ok());
+  DecodeRequest r = Greedy({1, 2, 3}, 4, &s);
+  r.sampling.top_p = 7;
+  EXPECT_FALSE(e->Submit(std::move(r)).ok());
+  r = Greedy({1, 2, 3}, 4, &s);
+  auto snap = std::make_shared<KvSnapshot>();
+  snap->layout = e->cache().layout();
+  snap->n_slots = 5;  // more than the 2 prompt tokens it could cover
+  snap->k.assign(size_t{5} * snap->layout.n_layers * snap->layout.n_kv_heads * snap->row_bytes(),
+                 0);
+  snap->v = snap->k;
+  r.kv = snap;
+  EXPECT_FALSE(e->Submit(std::move(r)).ok());
+  EXPECT_TRUE(e->idle());
+}
+
+TEST_F(DecodeEngineTest, FinishReasonsStopStringsAndLogprobs) {
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> prompt = RandomPrompt(30, 3);
+
+  // max_tokens: length, with logprobs.
+  Stream base;
+  DecodeRequest r = Greedy(prompt, 16, &base);
+  r.sampling.top_logprobs = 5;
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  ASSERT_EQ(base.tokens.size(), 16u);
+  EXPECT_EQ(base.finish, FinishReason::kLength);
+  for (size_t i = 0; i < base.events.size(); ++i) {
+    const TokenEvent& ev = base.events[i];
+    EXPECT_EQ(ev.index, static_cast<int>(i));
+    ASSERT_EQ(ev.top_logprobs.size(), 5u);
+    EXPECT_EQ(ev.top_logprobs[0].id, ev.token);  // greedy picks the most likely
+    EXPECT_FLOAT_EQ(ev.top_logprobs[0].logprob, ev.logprob);
+    EXPECT_LE(ev.logprob, 0.0f);
+    EXPECT_TRUE(std::isfinite(ev.logprob));
+    for (size_t k = 1; k < 5; ++k)
+      EXPECT_LE(ev.top_logprobs[k].logprob, ev.top_logprobs[k - 1].logprob);
+  }
+  EXPECT_EQ(base.text, e->tokenizer().Decode(base.tokens));
+
+  // A stop string from the middle of that text: the stream ends just before it.
+  ASSERT_GT(base.text.size(), 12u);
+  const std::string stop = base.text.substr(base.text.size() / 2, 3);
+  Stream stopped;
+  r = Greedy(prompt, 16, &stopped);
+  r.stop = {stop};
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(stopped.finish, FinishReason::kStop);
+  EXPECT_EQ(stopped.text, base.text.substr(0, base.text.find(stop)));
+  EXPECT_LE(stopped.tokens.size(), base.tokens.size());
+
+  // End of generation: a short chat answer ends with <|im_end|>, whose text is not streamed.
+  Stream chat;
+  auto tmpl_text = e->model().gguf->GetString("tokenizer.chat_template");
+  ASSERT_TRUE(tmpl_text.ok());
+  auto tmpl = DetectChatTemplate(*tmpl_text);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status();
+  const std::vector<ChatMessage> messages = {{"user", "What is the capital of France?"}};
+  const std::vector<int32_t> chat_prompt =
+      EncodeChat(e->tokenizer(), RenderChatSegments(*tmpl, messages, true), false);
+  r = Greedy(chat_prompt, 48, &chat);
+  r.ignore_eos = false;
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(chat.finish, FinishReason::kStop);
+  ASSERT_FALSE(chat.tokens.empty());
+  EXPECT_TRUE(e->tokenizer().IsEndOfGeneration(chat.tokens.back()));
+  EXPECT_EQ(chat.text.find("<|im_end|>"), std::string::npos);
+  EXPECT_FALSE(chat.text.empty());
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeEngineTest, BackgroundLoopServesConcurrentSubmitters) {
+  const auto ref = AloneTokens();
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  e->Start();
+  std::deque<Stream> streams(3);
+  absl::Mutex mu;
+  int done = 0;
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 3; ++i) {
+    clients.emplace_back([&, i] {
+      DecodeRequest r = Greedy(RandomPrompt(kLengths[i], 100 + i), kNewTokens, &streams[i]);
+      TokenCallback inner = r.on_event;
+      r.on_event = [inner, &mu, &done](const TokenEvent& ev) {
+        inner(ev);
+        if (ev.finish != FinishReason::kNone) {
+          absl::MutexLock lock(&mu);
+          ++done;
+        }
+      };
+      EXPECT_TRUE(e->Submit(std::move(r)).ok());
+    });
+  }
+  for (auto& t : clients) t.join();
+  {
+    absl::MutexLock lock(&mu);
+    auto all_done = [&done] { return done == 3; };
+    mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(120));
+  }
+  e->Stop();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(streams[i].tokens, ref[i]);
+}
+
+}  // namespace
+}  // namespace tripod
