@@ -252,8 +252,8 @@ class CpuBackend final : public Backend {
       for (int i0 = 0; i0 < m; i0 += kSlab) {
         const int mi = std::min(kSlab, m - i0);
         for (const CpuMatrix::Part& p : w.parts) {
-          QuantGemm(p.q, x + int64_t{i0} * ldx, mi, ldx, dst + int64_t{i0} * ldd + p.row_begin,
-                    ldd, opts_.gemv);
+          QuantGemm(p.q, x + int64_t{i0} * ldx, mi, ldx, dst + int64_t{i0} * ldd + p.row_begin, ldd,
+                    opts_.gemv);
         }
       }
     } else {
