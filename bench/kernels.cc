@@ -3,6 +3,7 @@
 // Prints markdown tables.
 // Usage: build/<dir>/bench/kernels [--threads=2] [--what=gemv,fork,gemm,attn] [--gemv_m=1,2,4]
 //        [--seconds=0.4] [--cpu_time]
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -162,7 +164,9 @@ double ReadBandwidth(const std::vector<BenchMatrix>& mats) {
   return total / t.best / 1e9;
 }
 
-const char* ModeName(GemvMode mode) { return mode == GemvMode::kF32 ? "f32" : "int8"; }
+const char* ModeName(GemvMode mode) {
+  return mode == GemvMode::kF32 ? "f32" : mode == GemvMode::kInt8 ? "int8" : "bf16";
+}
 
 // (a) one matrix called repeatedly (it stays in L2/L3), (b) the decode pass: every matrix of
 // SmolLM2-135M (30 layers x q,k,v,o,gate,up,down in Q4_1 + the Q8_0 head, 96.6 MB) in the order
@@ -214,7 +218,7 @@ void BenchGemv() {
   std::printf("| matrix | mode | isa | m | threads | us best | us median | GB/s (best) |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|\n");
   for (const BenchMatrix& s : single) {
-    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8}) {
+    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kBf16}) {
       for (IsaLevel isa : isas) {
         SetIsaCap(isa);
         for (int m : ms) {
@@ -237,7 +241,7 @@ void BenchGemv() {
   std::printf(
       "| mode | isa | m | threads | ms best | ms median | GB/s (best) | passes/s (best) |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
-  for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8}) {
+  for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kBf16}) {
     for (IsaLevel isa : isas) {
       SetIsaCap(isa);
       for (int m : ms) {
@@ -341,6 +345,65 @@ const char* DtName(KvDtype dt) {
   return dt == KvDtype::kF32 ? "f32" : dt == KvDtype::kF16 ? "f16" : "bf16";
 }
 
+// Anonymous memory with transparent huge pages requested (as the paged KV pool does), unless
+// TRIPOD_NO_HUGEPAGES is set (to measure the difference).
+struct HugeBuffer {
+  uint8_t* p = nullptr;
+  size_t n = 0;
+  void Allocate(size_t bytes) {
+    n = bytes;
+    p = static_cast<uint8_t*>(
+        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    if (std::getenv("TRIPOD_NO_HUGEPAGES") == nullptr) madvise(p, n, MADV_HUGEPAGE);
+    std::memset(p, 0, n);
+  }
+  uint8_t* data() { return p; }
+  ~HugeBuffer() {
+    if (p != nullptr) munmap(p, n);
+  }
+};
+
+// A continuous-batching decode step's attention: 16 sequences at context 512 in 16-slot blocks
+// scattered over one pool (as the paged cache places them), 30 layers cycled, all in one call.
+void BenchBatchedDecode(KvDtype dt) {
+  const int H = 9, KVH = 3, D = 64, kSeqs = 16, kCtx = 512, kBt = 16, kLayers = 30;
+  const int blocks_per_seq = kCtx / kBt, n_blocks = kSeqs * blocks_per_seq;
+  const size_t block_bytes = size_t(KVH) * kBt * D * KvDtypeBytes(dt);
+  std::mt19937 rng(5);
+  std::vector<HugeBuffer> k(kLayers), v(kLayers);
+  std::vector<int32_t> ids(n_blocks);
+  for (int i = 0; i < n_blocks; ++i) ids[i] = i;
+  std::shuffle(ids.begin(), ids.end(), rng);
+  std::vector<float> rows(size_t(kBt) * KVH * D);
+  for (auto& x : rows) x = std::normal_distribution<float>()(rng);
+  for (int l = 0; l < kLayers; ++l) {
+    k[l].Allocate(n_blocks * block_bytes);
+    v[l].Allocate(n_blocks * block_bytes);
+    for (int b = 0; b < n_blocks; ++b) {
+      const int32_t one = b;
+      KvLayerRef r{k[l].data(), v[l].data(), &one, 1, kBt, block_bytes, dt};
+      WriteKvCpu(rows.data(), rows.data(), kBt, KVH * D, KVH, D, r, 0);
+    }
+  }
+  std::vector<float> q(size_t(kSeqs) * H * D), out(q.size());
+  for (auto& x : q) x = std::normal_distribution<float>()(rng);
+  int l = 0;
+  std::vector<AttentionArgs> args(kSeqs);
+  const double t = TimeIt([&] {
+    for (int s = 0; s < kSeqs; ++s) {
+      KvLayerRef r{k[l].data(), v[l].data(), ids.data() + s * blocks_per_seq, blocks_per_seq, kBt,
+                   block_bytes, dt};
+      args[s] = AttentionArgs{q.data() + s * H * D,   H * D, 1, kCtx - 1, H, KVH, D, 0.125f, r,
+                              out.data() + s * H * D, H * D};
+    }
+    AttentionCpu(args);
+    l = (l + 1) % kLayers;
+  });
+  const double bytes = 2.0 * kSeqs * kCtx * KVH * D * KvDtypeBytes(dt);
+  std::printf("| decode %d seqs x ctx %d, paged %d | %s | %.3f | %.1f GB/s | %.2f |\n", kSeqs, kCtx,
+              kBt, DtName(dt), t * 1e3, bytes / t / 1e9, t * 30e3);
+}
+
 void BenchAttention() {
   const int H = 9, KVH = 3, D = 64;
   std::printf(
@@ -376,6 +439,7 @@ void BenchAttention() {
       std::printf("| decode ctx %d | %s | %.3f | %.1f | %.2f |\n", ctx, DtName(dt), t * 1e3,
                   flop / t / 1e9, t * 30e3);
     }
+    BenchBatchedDecode(dt);
   }
 }
 

@@ -41,7 +41,10 @@ absl::Status PopImportanceMain() {
     return absl::InvalidArgumentError(
         "need --samples >= 1, --prompt-tokens >= 3 and --answer-tokens >= 1");
   }
-  const std::string precision = absl::GetFlag(FLAGS_precision);
+  // Central differences need arithmetic that is smooth in the gates: bf16 rounding noise is as
+  // large as the loss changes being measured, so "auto" means fp32 here.
+  const std::string flag = absl::GetFlag(FLAGS_precision);
+  const std::string precision = flag == "auto" ? "fp32" : flag;
   ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(precision));
   std::unique_ptr<Backend> backend = MakeCpuBackend(cpu);
   const std::string path =

@@ -162,6 +162,19 @@ constexpr int64_t kMinSplitSlots = 256;
 
 using BlockFn = void (*)(const AttentionArgs&, int, int, int, int64_t, int64_t, float*, float*,
                          float*, float*);
+using BlockKernelFn = bool (*)(const AttentionArgs&, int, int, int, int64_t, int64_t, float*,
+                               float*, float*, float*);
+
+// The register-resident decode kernel for tasks of few rows, and for every task in
+// batch-invariant mode (so a row is computed alike in a decode step and in a prefill chunk);
+// null where the ISA or head_dim has none.
+BlockKernelFn PickDecode(const AttentionArgs& a, int rows) {
+  if (rows > kDecodeRows && !a.batch_invariant) return nullptr;
+  const IsaLevel isa = ActiveIsa();
+  if (isa >= IsaLevel::kAvx512) return attn::avx512::Decode;
+  if (isa >= IsaLevel::kAvx2) return attn::avx2::Decode;
+  return nullptr;
+}
 
 BlockFn PickBlock(const AttentionArgs& a) {
   const IsaLevel isa = ActiveIsa();
@@ -236,7 +249,10 @@ void AttentionCpu(std::span<const AttentionArgs> seqs) {
       float* o = buf.data() + scratch;
       float* m = o + static_cast<size_t>(rows) * D;
       float* l = m + rows;
-      PickBlock(a)(a, t.kvh, t.q0, t.q1, t.k0, t.k1, buf.data(), o, m, l);
+      const BlockKernelFn decode = PickDecode(a, rows);
+      if (decode == nullptr || !decode(a, t.kvh, t.q0, t.q1, t.k0, t.k1, buf.data(), o, m, l)) {
+        PickBlock(a)(a, t.kvh, t.q0, t.q1, t.k0, t.k1, buf.data(), o, m, l);
+      }
       if (t.part >= 0) {
         std::memcpy(parts.data() + t.part, o, sizeof(float) * rows * (D + 2));
         continue;

@@ -102,6 +102,11 @@ void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t 
   BlockImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
 }
 
+bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+            float* o, float* m, float* l) {
+  return DecodeImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+}
+
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst) {
   ConvertRowImpl<Vec>(src, n, dtype, dst);
 }

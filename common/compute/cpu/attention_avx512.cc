@@ -1,4 +1,4 @@
-// Attention kernels for AVX-512 (16-wide fp32, hardware fp32 -> bf16 rounding). Only called
+// Attention kernels for AVX-512 (16-wide fp32). Only called
 // after ActiveIsa() >= kAvx512.
 // GCC 12 flags _mm512_undefined_* inside its own intrinsics as maybe-uninitialized (GCC PR 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -78,9 +78,17 @@ struct Vec {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
                         _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  // Round to nearest even, NaN kept quiet, in integer arithmetic: vcvtneps2bf16 flushes
+  // subnormal inputs to zero, and KV must be the same bits on every ISA.
   static void StoreBf16(uint16_t* p, T v) {
-    // vcvtneps2bf16: round to nearest even, NaN kept quiet.
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+    const __m512i u = _mm512_castps_si512(v);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_srli_epi32(
+        _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb), 16);
+    const __mmask16 nan = _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    const __m512i qnan = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, qnan)));
   }
 };
 
@@ -94,6 +102,11 @@ namespace tripod::attn::avx512 {
 void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
            float* o, float* m, float* l) {
   BlockImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+}
+
+bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+            float* o, float* m, float* l) {
+  return DecodeImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
 }
 
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst) {

@@ -32,11 +32,19 @@ void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
 namespace avx2 {
 void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
            float* o, float* m, float* l);
+// The decode kernel (few rows, any slot range; scratch: rows x head_dim floats); false where it
+// does not handle this head_dim (the caller then runs Block).
+bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+            float* o, float* m, float* l);
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
 }  // namespace avx2
 namespace avx512 {
 void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
            float* o, float* m, float* l);
+// The decode kernel (few rows, any slot range; scratch: rows x head_dim floats); false where it
+// does not handle this head_dim (the caller then runs Block).
+bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
+            float* o, float* m, float* l);
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
 }  // namespace avx512
 

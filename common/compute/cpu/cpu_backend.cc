@@ -140,8 +140,10 @@ class CpuBackend final : public Backend {
   std::string name() const override {
     return absl::StrCat("cpu(", IsaName(ActiveIsa()), ", gemm ",
                         opts_.gemm == GemmPrecision::kBF16 ? "bf16" : "fp32", ", gemv ",
-                        opts_.gemv == GemvMode::kInt8 ? "int8" : "fp32", ", kv ",
-                        opts_.kv == KvDtype::kF32 ? "f32" : "f16", ")");
+                        opts_.gemv == GemvMode::kInt8   ? "int8"
+                        : opts_.gemv == GemvMode::kBf16 ? "bf16"
+                                                        : "fp32",
+                        ", kv ", opts_.kv == KvDtype::kF32 ? "f32" : "f16", ")");
   }
 
   float* Alloc(size_t floats) override {
@@ -343,9 +345,11 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
   if (precision == "fp32") return o;
   o.kv = KvDtype::kF16;
   if (precision == "auto") {
-    // Decode is bandwidth-bound, so fp32 GEMVs cost no more than int8 ones and lose nothing;
-    // prefill gains from bf16 only where the CPU multiplies bf16 in hardware.
+    // Prefill gains from bf16 only where the CPU multiplies bf16 in hardware. Decode: the fp32
+    // GEMV is compute-bound on a core (it converts every weight to fp32), the bf16 one reads
+    // weights as fast as memory gives them and batches well, with the bf16 GEMM's rounding.
     if (bf16_hw) o.gemm = GemmPrecision::kBF16;
+    if (f.avx512bf16) o.gemv = GemvMode::kBf16;
     return o;
   }
   if (precision == "int8") {
@@ -358,6 +362,7 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
           "precision bf16 needs AMX or AVX512_BF16, which this CPU lacks; use int8 or auto");
     }
     o.gemm = GemmPrecision::kBF16;
+    if (f.avx512bf16) o.gemv = GemvMode::kBf16;
     return o;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown precision '", std::string(precision),

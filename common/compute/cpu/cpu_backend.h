@@ -27,9 +27,11 @@ struct CpuBackendOptions {
 
 // The precision paths, by name:
 //  "fp32": fp32 activations everywhere, fp32 KV (the exact reference path);
-//  "bf16": bf16 prefill GEMMs (AMX / AVX512_BF16 only), fp32 decode GEMVs, f16 KV;
+//  "bf16": bf16 prefill GEMMs (AMX / AVX512_BF16 only), bf16 decode GEMVs where the CPU has
+//          AVX512_BF16 (else fp32), f16 KV;
 //  "int8": fp32 prefill GEMMs, int8-activation decode GEMVs, f16 KV;
-//  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware, fp32 GEMVs, f16 KV.
+//  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware, bf16 GEMVs where it has
+//          AVX512_BF16 (else fp32), f16 KV.
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision);
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

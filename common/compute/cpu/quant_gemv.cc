@@ -236,13 +236,21 @@ void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* 
   // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both run kF32.
   const bool int8 = mode == GemvMode::kInt8 && block_type;
   const int64_t nb = w.k / 32;
+  const bool bf16 = mode == GemvMode::kBf16 && m >= kBf16MinRows && block_type &&
+                    isa >= IsaLevel::kAvx512 && GetCpuFeatures().avx512bf16;
 
   // x prepared once per call (m * k values) by the calling thread, shared by all threads.
   thread_local std::vector<int8_t> xq;
   thread_local std::vector<float> xs, xsum;
+  thread_local std::vector<uint16_t> xb;
   qgemv::Int8Act xa8;
+  qgemv::Bf16Act xab;
   qgemv::F32Act xa{x, ldx, nullptr, m, w.k, nb};
-  if (int8) {
+  if (bf16) {
+    xb.resize(static_cast<size_t>(m) * w.k);
+    qgemv::avx512::ConvertActBf16(x, m, ldx, w.k, xb.data());
+    xab = {xb.data(), m, w.k, nb};
+  } else if (int8) {
     xq.resize(static_cast<size_t>(m) * w.k);
     xs.resize(static_cast<size_t>(m) * nb);
     xsum.resize(static_cast<size_t>(m) * nb);
@@ -269,6 +277,7 @@ void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* 
   const int64_t q = qgemv::kRowQuantum;
   auto run = [&](int64_t u0, int64_t u1) {
     const int64_t j0 = u0 * q, j1 = std::min(w.n, u1 * q);
+    if (bf16 && qgemv::avx512::RowsBf16(w, xab, y, ldy, j0, j1)) return;
     if (int8) {
       if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa8, y, ldy, j0, j1)) return;
       if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa8, y, ldy, j0, j1)) return;

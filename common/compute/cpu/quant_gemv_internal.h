@@ -34,6 +34,14 @@ struct Int8Act {
   int64_t nb = 0;
 };
 
+// x rounded to bf16 for the bf16 path: row i has k values at x + i * k (nb = k / 32 blocks).
+struct Bf16Act {
+  const uint16_t* x = nullptr;
+  int m = 0;
+  int64_t k = 0;
+  int64_t nb = 0;
+};
+
 // Per ISA (scalar is the reference the vector files must match):
 //  QuantizeActInt8: m rows of k floats (k a multiple of 32) into the buffers of an Int8Act. The
 //    vector versions give bit-identical results to the scalar one.
@@ -63,6 +71,12 @@ void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, f
 void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
 bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
+              int64_t j1);
+// The bf16 path (quant_gemv_bf16_avx512.cc; AVX512_BF16 only): m rows of k floats rounded to
+// bf16 (nearest even; subnormals flush to zero), and output rows [j0, j1) for Q4_0, Q4_1 and
+// Q8_0 weights (false for other types).
+void ConvertActBf16(const float* x, int m, int64_t ldx, int64_t k, uint16_t* out);
+bool RowsBf16(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
 }  // namespace avx512
 

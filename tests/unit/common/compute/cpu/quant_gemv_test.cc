@@ -170,6 +170,60 @@ TEST(QuantGemmTest, Int8ModeWithinQuantisationError) {
   for (const Case& c : kCases) CheckAll(c, GemvMode::kInt8);
 }
 
+// bf16 mode: x and the dequantised weights rounded to bf16 (nearest even), products summed in
+// fp32, so it must match the double sum of the same rounded values; and a row's results must be
+// the same bits whatever the other rows of the call (batch invariance). Where the CPU has no
+// AVX512_BF16, and below kBf16MinRows rows, the mode is the fp32 one, bit for bit.
+TEST(QuantGemmTest, Bf16ModeMatchesRoundedReferenceAndIsBatchInvariant) {
+  SetIsaCap(IsaLevel::kAmx);
+  const bool hw = ActiveIsa() >= IsaLevel::kAvx512 && GetCpuFeatures().avx512bf16;
+  const Case cases[] = {{GgmlType::kQ4_0, 37, 64},   {GgmlType::kQ4_1, 300, 576},
+                        {GgmlType::kQ4_1, 5, 32},    {GgmlType::kQ8_0, 129, 576},
+                        {GgmlType::kQ8_0, 3, 96},    {GgmlType::kQ4_1, 19, 2240},
+                        {GgmlType::kQ4_0, 13, 1536}, {GgmlType::kF16, 9, 100}};
+  auto bf = [](double v) { return static_cast<double>(Bf16ToFp32(Fp32ToBf16(float(v)))); };
+  for (const Case& c : cases) {
+    std::mt19937 rng(99 + static_cast<int>(c.k));
+    TestMatrix t = MakeMatrix(c.type, c.n, c.k, rng);
+    const bool block = c.type != GgmlType::kF16;
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int m : {1, 2, 3, 4, 5, 8, 16, 21, 40}) {
+      const int64_t ldx = c.k + 3, ldy = c.n + 5;
+      std::vector<float> x(m * ldx);
+      for (float& v : x) v = nd(rng);
+      std::vector<float> y(m * ldy, -7.0f), y32(m * ldy, -7.0f);
+      QuantGemm(t.m, x.data(), m, ldx, y.data(), ldy, GemvMode::kBf16);
+      if (!hw || !block || m < kBf16MinRows) {
+        QuantGemm(t.m, x.data(), m, ldx, y32.data(), ldy, GemvMode::kF32);
+        ASSERT_EQ(0, std::memcmp(y.data(), y32.data(), y.size() * sizeof(float)))
+            << TypeInfo(c.type).name << " m=" << m;
+        continue;
+      }
+      for (int i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < c.n; ++j) {
+          double ref = 0, mag = 0;
+          for (int64_t e = 0; e < c.k; ++e) {
+            const double p = bf(t.deq[j * c.k + e]) * bf(x[i * ldx + e]);
+            ref += p;
+            mag += std::fabs(p);
+          }
+          ASSERT_NEAR(y[i * ldy + j], ref, 2e-6 * mag + 1e-6)
+              << TypeInfo(c.type).name << " m=" << m << " i=" << i << " j=" << j;
+        }
+        for (int64_t j = c.n; j < ldy; ++j) ASSERT_EQ(y[i * ldy + j], -7.0f);
+        // Row i among kBf16MinRows copies of itself.
+        std::vector<float> xi(kBf16MinRows * c.k), alone(kBf16MinRows * c.n);
+        for (int r = 0; r < kBf16MinRows; ++r) {
+          std::memcpy(&xi[r * c.k], &x[i * ldx], c.k * sizeof(float));
+        }
+        QuantGemm(t.m, xi.data(), kBf16MinRows, c.k, alone.data(), c.n, GemvMode::kBf16);
+        ASSERT_EQ(0, std::memcmp(alone.data(), y.data() + i * ldy, c.n * sizeof(float)))
+            << TypeInfo(c.type).name << " m=" << m << " row " << i << " differs";
+      }
+    }
+  }
+}
+
 TEST(QuantGemmTest, InvalidRowLengthGivesNaN) {
   std::vector<uint8_t> bytes(64, 0);
   QuantMatrix w{GgmlType::kQ4_1, bytes.data(), 2, 33, 40};  // 33 is not a multiple of 32
