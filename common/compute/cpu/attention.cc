@@ -159,6 +159,9 @@ constexpr int kTileRows = 96;
 // split over tasks (flash-decoding) so one sequence still uses every thread.
 constexpr int kDecodeRows = 16;
 constexpr int64_t kMinSplitSlots = 256;
+// Few sequences: split slots until there are about this many tasks per thread, so that the
+// dynamic schedule ends evenly (3 KV heads on 2 threads in 9 tasks left one thread idle 1/9).
+constexpr int kDecodeTasksPerThread = 8;
 
 using BlockFn = void (*)(const AttentionArgs&, int, int, int, int64_t, int64_t, float*, float*,
                          float*, float*);
@@ -204,8 +207,8 @@ void AttentionCpu(std::span<const AttentionArgs> seqs) {
       const int64_t first = std::min<int64_t>(a.kv.first_visible_slot, end);
       const int64_t slots = end - first;
       int64_t splits = 1;
-      if (decode_units < 4 * threads && !a.batch_invariant) {
-        const int64_t want = (4 * threads + decode_units - 1) / decode_units;
+      if (decode_units < kDecodeTasksPerThread * threads && !a.batch_invariant) {
+        const int64_t want = (kDecodeTasksPerThread * threads + decode_units - 1) / decode_units;
         splits = std::clamp<int64_t>(slots / kMinSplitSlots, 1, want);
       }
       for (int h = 0; h < a.n_kv_heads; ++h) {

@@ -4,6 +4,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -101,8 +102,28 @@ TRIPOD_CLONES void RmsNormRow(const float* x, const float* w, int n, float eps, 
   for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
 }
 
+// silu(g) * u with e^-g computed inline so that the loop vectorises (libm's expf is one call per
+// element: a few ms per step of a 16-sequence decode batch). e^x by Cody-Waite reduction to
+// [-ln2/2, ln2/2] and a degree-6 polynomial (Cephes' expf coefficients), about 2 ulp; x is
+// clamped to [-87, 88], where silu is already g or 0 to fp32 precision.
 TRIPOD_CLONES void SwiGluRow(const float* g, const float* u, int n, float* out) {
-  for (int i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+  for (int i = 0; i < n; ++i) {
+    const float x = std::min(std::max(-g[i], -87.0f), 88.0f);
+    // Round x * log2(e) to the nearest integer by the 1.5 * 2^23 shift.
+    const float fx = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - fx * 0.693359375f;
+    r = r - fx * -2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * (r * r) + (r + 1.0f);
+    const float pow2 =
+        std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(fx) + 127) << 23);
+    out[i] = g[i] / (1.0f + y * pow2) * u[i];
+  }
 }
 
 TRIPOD_CLONES void AddRow(float* y, const float* x, int64_t n) {

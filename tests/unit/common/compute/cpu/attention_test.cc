@@ -190,6 +190,48 @@ TEST(AttentionCpuTest, BatchOfSequences) {
            true);
 }
 
+// The decode kernel's shapes: head_dim 128 (fewer rows per register pass), groups of 4 and 7
+// (row passes with a remainder), blocks of 7 and 40 slots (tiles that cross blocks), and few
+// queries with different causal limits in one task.
+TEST(AttentionCpuTest, DecodeKernelShapes) {
+  RunCases({{1, 300, 32, 8, 128, KvDtype::kF16, 16},
+            {1, 77, 28, 4, 128, KvDtype::kBF16, 7},
+            {2, 61, 14, 2, 64, KvDtype::kF32, 40},
+            {4, 33, 8, 2, 32, KvDtype::kF16, 7},
+            {1, 5000, 9, 3, 64, KvDtype::kF16, 16}},
+           false);
+}
+
+// Batch-invariant mode: every query of a prefill chunk gives the same bits as the same query
+// run alone as a decode step (what lets fp32 continuous batching reproduce a lone run).
+TEST(AttentionCpuTest, BatchInvariantChunkRowsEqualLoneQueries) {
+  for (IsaLevel isa : Levels()) {
+    SetIsaCap(isa);
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16}) {
+      std::mt19937 rng(31);
+      const Seq s{40, 90, 9, 3, 64, dt, 16};
+      SeqData d;
+      Prepare(s, rng, d);
+      d.args.batch_invariant = true;
+      AttentionCpu(std::span<const AttentionArgs>(&d.args, 1));
+      const int qw = s.n_heads * s.head_dim;
+      for (int i = 0; i < s.n_q; ++i) {
+        AttentionArgs one = d.args;
+        one.q = d.q.data() + i * d.args.q_stride;
+        one.n_q = 1;
+        one.n_past = s.n_past + i;
+        std::vector<float> out(qw, -1.0f);
+        one.out = out.data();
+        AttentionCpu(std::span<const AttentionArgs>(&one, 1));
+        ASSERT_EQ(0,
+                  std::memcmp(out.data(), d.out.data() + i * d.args.out_stride, qw * sizeof(float)))
+            << IsaName(isa) << " dt=" << int(dt) << " query " << i;
+      }
+    }
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
 TEST(AttentionCpuTest, BadArgsAreIgnored) {
   AttentionArgs a;  // all null
   AttentionCpu(std::span<const AttentionArgs>(&a, 1));
