@@ -232,7 +232,8 @@ void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
 // kDecodeTile slots aligned to absolute slot numbers, and a row's arithmetic is the same
 // whatever the other rows of its group or the task's first slot: results are batch-invariant.
 constexpr int kDecodeTile = 16;
-// Prefetch distance in slots: 96-160 measured best in a 16-sequence decode step (Zen 4).
+// Prefetch distance in slots: 96-160 measured best in a 16-sequence decode step (Zen 4); into
+// L2, 16 sequences x 512 slots ran at 19.5 GB/s against 16.9 into L1.
 constexpr int kDecodePrefetch = 128;
 
 template <class V, KvDtype DT>
@@ -276,9 +277,9 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
   const int64_t bt = kv.block_tokens;
   const size_t head_off = static_cast<size_t>(kvh) * bt * kRowBytes;
   int64_t blk = k0 / bt, row = k0 % bt;  // walks with the slots
-  // A second walker kDecodePrefetch slots ahead prefetches K and V rows: a sequence's blocks are
-  // scattered over the pool, and one head's rows of a block are only a few KB, too short a
-  // stream for the hardware prefetchers to lock on.
+  // A second walker kDecodePrefetch slots ahead prefetches K and V rows into L2 (not L1, which
+  // that distance would overrun): a sequence's blocks are scattered over the pool, and one
+  // head's rows of a block are only a few KB, too short a stream for the hardware prefetchers.
   int64_t pre = k0 + kDecodePrefetch, pblk = pre / bt, prow = pre % bt;
   alignas(64) T dots[RB][kT];
   alignas(64) float s[RB][kT];
@@ -300,8 +301,8 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
         const size_t poff = static_cast<size_t>(kv.block_ids[pblk]) * kv.block_bytes + head_off +
                             static_cast<size_t>(prow) * kRowBytes;
         for (size_t line = 0; line < kRowBytes; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kv.k_base + poff + line), _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(kv.v_base + poff + line), _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(kv.k_base + poff + line), _MM_HINT_T1);
+          _mm_prefetch(reinterpret_cast<const char*>(kv.v_base + poff + line), _MM_HINT_T1);
         }
         ++pre;
         if (++prow == bt) {

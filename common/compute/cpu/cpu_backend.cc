@@ -359,6 +359,11 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
+// With bf16 GEMMs, batches of more than 8 rows go to oneDNN: measured on Zen 4 in 16-sequence
+// decode steps, its prepacked bf16 weights beat the bf16 GEMV by 10-25 %; at 8 rows the GEMV
+// is 4 % ahead.
+constexpr int kBf16GemvMaxRows = 8;
+
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision) {
   const CpuFeatures& f = GetCpuFeatures();
   const bool bf16_hw = f.amx_bf16 || f.avx512bf16;
@@ -371,6 +376,7 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
     // weights as fast as memory gives them and batches well, with the bf16 GEMM's rounding.
     if (bf16_hw) o.gemm = GemmPrecision::kBF16;
     if (f.avx512bf16) o.gemv = GemvMode::kBf16;
+    if (bf16_hw) o.gemv_max_rows = kBf16GemvMaxRows;
     return o;
   }
   if (precision == "int8") {
@@ -384,6 +390,7 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
     }
     o.gemm = GemmPrecision::kBF16;
     if (f.avx512bf16) o.gemv = GemvMode::kBf16;
+    o.gemv_max_rows = kBf16GemvMaxRows;
     return o;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown precision '", std::string(precision),
