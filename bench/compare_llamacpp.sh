@@ -2,7 +2,7 @@
 # Side-by-side speed of Tripod's forward pass (bench/forward) and llama.cpp's llama-bench on the
 # same model and thread count, measured in one run; prints one JSON line per metric. Builds nothing.
 #   LLAMA_BENCH=/path/to/llama-bench [THREADS=2] [REPS=3] [MODEL=models/...gguf] \
-#     [TRIPOD_BENCH=build/release/bench/forward] bench/compare_llamacpp.sh
+#     [TRIPOD_BENCH=build/release/bench/forward] [PRECISION=auto] bench/compare_llamacpp.sh
 # Metrics: pp128, pp512, pp2048 (prefill tokens/s), tg128 (decode tokens/s at short context) and
 # tg128_d2048 (decode after a 2048-token context; only if this llama-bench has -d/--n-depth).
 # llama.cpp values are llama-bench means over REPS runs; Tripod's are its bench's best of 2.
@@ -22,6 +22,7 @@ threads=${THREADS:-2}
 reps=${REPS:-3}
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tripod_bench=${TRIPOD_BENCH:-build/release/bench/forward}
+precision=${PRECISION:-auto}
 for v in "$threads" "$reps"; do
   if ! [[ "$v" =~ ^[1-9][0-9]*$ ]]; then
     echo "compare_llamacpp: THREADS and REPS must be positive integers (got '$v')" >&2
@@ -52,7 +53,7 @@ run_to() {
   fi
 }
 
-echo "compare_llamacpp: threads=$threads model=$model load:$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "compare_llamacpp: threads=$threads precision=$precision model=$model load:$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 run_to "$tmp/llama_pp.json" "$LLAMA_BENCH" -m "$model" -t "$threads" -r "$reps" -o json \
   -p 128,512,2048 -n 128
 # Older llama-bench builds have no -d; then the depth metric is skipped.
@@ -63,7 +64,7 @@ else
   echo "[]" >"$tmp/llama_depth.json"
 fi
 run_to "$tmp/tripod.jsonl" "$tripod_bench" --model "$model" --threads "$threads" \
-  --lengths 128,512,2048 --decode_tokens 128
+  --lengths 128,512,2048 --decode_tokens 128 --precision "$precision"
 
 python3 - "$tmp" "$threads" <<'EOF'
 import json
