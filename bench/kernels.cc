@@ -33,6 +33,7 @@ ABSL_FLAG(int, threads, 2, "compute threads");
 ABSL_FLAG(std::string, what, "gemv,fork,gemm,attn", "which benchmarks");
 ABSL_FLAG(std::string, gemv_m, "1,2,4", "activation rows (batch) for the QuantGemm benchmarks");
 ABSL_FLAG(double, seconds, 0.4, "minimum time per measurement");
+ABSL_FLAG(std::string, attn_isa, "", "cap the ISA of the attention benchmarks (avx2, scalar)");
 ABSL_FLAG(bool, cpu_time, false,
           "time with process CPU time / threads (for a machine shared with other jobs: leaves "
           "out time the scheduler gave to others; meaningful with --threads=1)");
@@ -455,6 +456,12 @@ int main(int argc, char** argv) {
   if (absl::StrContains(what, "gemv")) tripod::BenchGemv();
   if (absl::StrContains(what, "fork")) tripod::BenchFork();
   if (absl::StrContains(what, "gemm")) tripod::BenchGemm();
-  if (absl::StrContains(what, "attn")) tripod::BenchAttention();
+  if (absl::StrContains(what, "attn")) {
+    const std::string isa = absl::GetFlag(FLAGS_attn_isa);
+    if (isa == "avx2") tripod::SetIsaCap(tripod::IsaLevel::kAvx2);
+    if (isa == "scalar") tripod::SetIsaCap(tripod::IsaLevel::kScalar);
+    tripod::BenchAttention();
+    tripod::SetIsaCap(tripod::IsaLevel::kAmx);
+  }
   return 0;
 }
