@@ -364,10 +364,10 @@ struct HugeBuffer {
   }
 };
 
-// A continuous-batching decode step's attention: 16 sequences at context 512 in 16-slot blocks
-// scattered over one pool (as the paged cache places them), 30 layers cycled, all in one call.
-void BenchBatchedDecode(KvDtype dt) {
-  const int H = 9, KVH = 3, D = 64, kSeqs = 16, kCtx = 512, kBt = 16, kLayers = 30;
+// A continuous-batching decode step's attention: kSeqs sequences at context kCtx in 16-slot
+// blocks scattered over one pool (as the paged cache places them), 30 layers cycled, one call.
+void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx) {
+  const int H = 9, KVH = 3, D = 64, kBt = 16, kLayers = 30;
   const int blocks_per_seq = kCtx / kBt, n_blocks = kSeqs * blocks_per_seq;
   const size_t block_bytes = size_t(KVH) * kBt * D * KvDtypeBytes(dt);
   std::mt19937 rng(5);
@@ -440,7 +440,8 @@ void BenchAttention() {
       std::printf("| decode ctx %d | %s | %.3f | %.1f | %.2f |\n", ctx, DtName(dt), t * 1e3,
                   flop / t / 1e9, t * 30e3);
     }
-    BenchBatchedDecode(dt);
+    BenchBatchedDecode(dt, 16, 512);
+    BenchBatchedDecode(dt, 1, 2048);
   }
 }
 

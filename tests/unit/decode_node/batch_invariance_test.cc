@@ -13,14 +13,13 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/forward.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
 
 TEST(BatchInvarianceTest, LogitsDoNotDependOnBatchOrChunking) {
-  const char* env = std::getenv("TRIPOD_MODEL");
-  const std::string path =
-      env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = TestModelPath();
   CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
   o.batch_invariant = true;
   o.prepack_at_load = false;

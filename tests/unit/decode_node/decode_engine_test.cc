@@ -18,14 +18,12 @@
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/model/chat_template.h"
 #include "common/util/thread_pool.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
 
-std::string ModelPath() {
-  const char* env = std::getenv("TRIPOD_MODEL");
-  return env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string ModelPath() { return TestModelPath(); }
 
 DecodeEngineOptions Options(size_t kv_bytes = size_t{64} << 20) {
   DecodeEngineOptions o;

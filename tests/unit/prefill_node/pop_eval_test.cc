@@ -13,6 +13,7 @@
 #include "common/model/tokenizer.h"
 #include "prefill_node/corpus_windows.h"
 #include "prefill_node/pop_importance.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
@@ -20,9 +21,7 @@ namespace {
 class PopAnalysisTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* env = std::getenv("TRIPOD_MODEL");
-    const std::string path =
-        env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const std::string path = TestModelPath();
     // fp32, as `tripod pop-importance` runs: its central differences need smooth arithmetic.
     backend_ = MakeCpuBackend(*CpuOptionsForPrecision("fp32")).release();
     auto m = LoadModel(path, *backend_);

@@ -23,14 +23,12 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/kv_stack.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
 
-std::string ModelPath() {
-  const char* env = std::getenv("TRIPOD_MODEL");
-  return env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string ModelPath() { return TestModelPath(); }
 
 std::vector<int32_t> SomeIds(int n, int seed) {
   std::vector<int32_t> ids(n);

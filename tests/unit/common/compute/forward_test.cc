@@ -11,6 +11,7 @@
 
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
@@ -18,10 +19,7 @@ namespace {
 class ForwardTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    // ctest sets TRIPOD_MODEL; a bare run uses the bundled model that scripts/setup fetched.
-    const char* env = std::getenv("TRIPOD_MODEL");
-    const std::string path =
-        env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const std::string path = TestModelPath();
     backend_ = MakeCpuBackend(*CpuOptionsForPrecision("fp32")).release();
     auto m = LoadModel(path, *backend_);
     ASSERT_TRUE(m.ok()) << m.status();

@@ -9,6 +9,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/forward.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
@@ -16,9 +17,7 @@ namespace {
 class GatesTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    const char* env = std::getenv("TRIPOD_MODEL");
-    const std::string path =
-        env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+    const std::string path = TestModelPath();
     backend_ = MakeCpuBackend(*CpuOptionsForPrecision("fp32")).release();
     auto m = LoadModel(path, *backend_);
     ASSERT_TRUE(m.ok()) << m.status();

@@ -10,17 +10,14 @@
 #include "common/model/gguf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string ModelPath() {
-  const char* env = std::getenv("TRIPOD_MODEL");
-  if (env != nullptr && *env != '\0') return env;
-  return std::string(TRIPOD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string ModelPath() { return TestModelPath(); }
 
 constexpr char kSmolSystem[] =
     "You are a helpful AI assistant named SmolLM, trained by Hugging Face";

@@ -15,6 +15,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
@@ -434,10 +435,7 @@ TEST(GgufTest, ZeroSizedTensorIsAccepted) {
 }
 
 TEST(GgufTest, RealModel) {
-  // ctest sets TRIPOD_MODEL; a bare run uses the bundled model that scripts/setup fetched.
-  const char* env = std::getenv("TRIPOD_MODEL");
-  const std::string path =
-      env != nullptr ? env : TRIPOD_SOURCE_DIR "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = TestModelPath();
   auto g = GgufFile::Open(path);
   ASSERT_TRUE(g.ok()) << g.status();
   const GgufFile& f = **g;

@@ -11,6 +11,7 @@
 #include "common/model/gguf.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
@@ -18,11 +19,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string ModelPath() {
-  const char* env = std::getenv("TRIPOD_MODEL");
-  if (env != nullptr && *env != '\0') return env;
-  return std::string(TRIPOD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
-}
+std::string ModelPath() { return TestModelPath(); }
 
 class SmolLmTokenizerTest : public ::testing::Test {
  protected:
