@@ -34,10 +34,10 @@ constexpr int kBlockBytes = T == GgmlType::kQ4_0   ? 18
                             : T == GgmlType::kQ4_1 ? 20
                                                    : 34;
 
-// The block's 32 weights as bf16, in element order.
+// The block's 32 weights as bf16, in element order, from its scale d (and Q4_1 minimum mn).
 template <GgmlType T>
-inline __m512bh WeightsBf16(const uint8_t* blk, __m512 iota) {
-  const __m512 d = _mm512_set1_ps(Half(blk));
+inline __m512bh WeightsBf16(const uint8_t* blk, float d_s, float mn_s, __m512 iota) {
+  const __m512 d = _mm512_set1_ps(d_s);
   if constexpr (T == GgmlType::kQ8_0) {
     const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
     const __m512 lo =
@@ -47,8 +47,8 @@ inline __m512bh WeightsBf16(const uint8_t* blk, __m512 iota) {
     return _mm512_cvtne2ps_pbh(hi, lo);
   } else {
     // Q4_1: n * d + m; Q4_0: (n - 8) * d = n * d - 8 d (exact in fp32 either way).
-    const __m512 add = T == GgmlType::kQ4_1 ? _mm512_set1_ps(Half(blk + 2))
-                                            : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
+    const __m512 add =
+        T == GgmlType::kQ4_1 ? _mm512_set1_ps(mn_s) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
     const __m512 v = _mm512_fmadd_ps(iota, d, add);
     const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
     const __m256i bytes = _mm256_cvtepu8_epi16(
@@ -57,6 +57,44 @@ inline __m512bh WeightsBf16(const uint8_t* blk, __m512 iota) {
         _mm512_inserti64x4(_mm512_castsi256_si512(bytes), _mm256_srli_epi16(bytes, 4), 1);
     return reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, table));
   }
+}
+
+template <GgmlType T>
+inline __m512bh WeightsBf16(const uint8_t* blk, __m512 iota) {
+  return WeightsBf16<T>(blk, Half(blk), T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f, iota);
+}
+
+// The fp16 scale and minimum of 16 consecutive Q4_1 blocks (320 bytes, read exactly): block j's
+// d is word 10 j and its m word 10 j + 1 of the five 64-byte vectors; three word permutes and
+// two blends gather them (d in words 0-15, m in 16-31), one vcvtph2ps each converts them. Scalar
+// conversions cost ~8 instructions a block, as much as the rest of the block's preparation.
+struct Q41ScaleIndex {
+  alignas(64) uint16_t a[32], b[32], c[32];
+  __mmask32 in_b = 0, in_c = 0;
+  constexpr Q41ScaleIndex() : a(), b(), c() {
+    for (int lane = 0; lane < 32; ++lane) {
+      const int w = lane < 16 ? 10 * lane : 10 * (lane - 16) + 1;
+      a[lane] = static_cast<uint16_t>(w < 64 ? w : 0);
+      b[lane] = static_cast<uint16_t>(w >= 64 && w < 128 ? w - 64 : 0);
+      c[lane] = static_cast<uint16_t>(w >= 128 ? w - 128 : 0);
+      if (w >= 64 && w < 128) in_b |= __mmask32{1} << lane;
+      if (w >= 128) in_c |= __mmask32{1} << lane;
+    }
+  }
+};
+constexpr Q41ScaleIndex kQ41ScaleIndex;
+
+inline void Q41Scales16(const uint8_t* blk, float* d, float* mn) {
+  const Q41ScaleIndex& t = kQ41ScaleIndex;
+  const __m512i z0 = _mm512_loadu_si512(blk), z1 = _mm512_loadu_si512(blk + 64);
+  const __m512i z2 = _mm512_loadu_si512(blk + 128), z3 = _mm512_loadu_si512(blk + 192);
+  const __m512i z4 = _mm512_loadu_si512(blk + 256);
+  const __m512i ra = _mm512_permutex2var_epi16(z0, _mm512_load_si512(t.a), z1);
+  const __m512i rb = _mm512_permutex2var_epi16(z2, _mm512_load_si512(t.b), z3);
+  const __m512i rc = _mm512_permutexvar_epi16(_mm512_load_si512(t.c), z4);
+  const __m512i r = _mm512_mask_blend_epi16(t.in_c, _mm512_mask_blend_epi16(t.in_b, ra, rb), rc);
+  _mm512_storeu_ps(d, _mm512_cvtph_ps(_mm512_castsi512_si256(r)));
+  _mm512_storeu_ps(mn, _mm512_cvtph_ps(_mm512_extracti64x4_epi64(r, 1)));
 }
 
 // Prefetch distance in the weight stream (the rows of a range are one contiguous stream).
@@ -74,7 +112,37 @@ inline void GroupBf16(const uint8_t* row0, int64_t rb, const Bf16Act& xa, int i0
 #pragma GCC unroll 16
     for (int i = 0; i < MG; ++i) acc[r][i] = _mm512_setzero_ps();
   const uint16_t* x = xa.x + int64_t{i0} * xa.k;
-  for (int64_t b = 0; b < xa.nb; ++b) {
+  int64_t b = 0;
+  if constexpr (T == GgmlType::kQ4_1) {
+    // Whole chunks of 16 blocks take their scales from Q41Scales16.
+    alignas(64) float d[R][16], mn[R][16];
+    for (; b + 16 <= xa.nb; b += 16) {
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rb + b * kB, d[r], mn[r]);
+      for (int c = 0; c < 16; ++c) {
+        const int64_t bc = b + c;
+        _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + bc * R * kB),
+                     _MM_HINT_T0);
+        if constexpr (R * kB > 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + bc * R * kB + 64),
+                       _MM_HINT_T0);
+        }
+        __m512bh w[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          w[r] = WeightsBf16<T>(row0 + r * rb + bc * kB, d[r][c], mn[r][c], iota);
+        }
+#pragma GCC unroll 16
+        for (int i = 0; i < MG; ++i) {
+          const __m512bh xv =
+              reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * xa.k + bc * 32));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], xv, w[r]);
+        }
+      }
+    }
+  }
+  for (; b < xa.nb; ++b) {
     _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB), _MM_HINT_T0);
     if constexpr (R * kB > 64) {
       _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB + 64),
