@@ -371,9 +371,10 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
   if (precision == "fp32") return o;
   o.kv = KvDtype::kF16;
   if (precision == "auto") {
-    // Prefill gains from bf16 only where the CPU multiplies bf16 in hardware. Decode: the fp32
-    // GEMV is compute-bound on a core (it converts every weight to fp32), the bf16 one reads
-    // weights as fast as memory gives them and batches well, with the bf16 GEMM's rounding.
+    // Prefill gains from bf16 only where the CPU multiplies bf16 in hardware. Decode: 1-3 rows
+    // stay fp32 (QuantGemm's kBf16MinRows: as fast there, and exact); 4-8 rows take the bf16
+    // GEMV, which shares each block's conversion among the rows (with the bf16 GEMM's
+    // rounding); larger batches the bf16 GEMM.
     if (bf16_hw) o.gemm = GemmPrecision::kBF16;
     if (f.avx512bf16) o.gemv = GemvMode::kBf16;
     if (bf16_hw) o.gemv_max_rows = kBf16GemvMaxRows;
