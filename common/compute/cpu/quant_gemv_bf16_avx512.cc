@@ -59,11 +59,6 @@ inline __m512bh WeightsBf16(const uint8_t* blk, float d_s, float mn_s, __m512 io
   }
 }
 
-template <GgmlType T>
-inline __m512bh WeightsBf16(const uint8_t* blk, __m512 iota) {
-  return WeightsBf16<T>(blk, Half(blk), T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f, iota);
-}
-
 // The fp16 scale and minimum of 16 consecutive Q4_1 blocks (320 bytes, read exactly): block j's
 // d is word 10 j and its m word 10 j + 1 of the five 64-byte vectors; three word permutes and
 // two blends gather them (d in words 0-15, m in 16-31), one vcvtph2ps each converts them. Scalar
@@ -100,6 +95,28 @@ inline void Q41Scales16(const uint8_t* blk, float* d, float* mn) {
 // Prefetch distance in the weight stream (the rows of a range are one contiguous stream).
 constexpr int kPrefetchBytes = 4096;
 
+// Block b of R consecutive weight rows (row0, rows rb bytes apart), with those blocks' scales
+// d[r] (and Q4_1 minima mn[r]), into the R x MG accumulators against MG x rows.
+template <GgmlType T, int R, int MG>
+inline void BlockStep(const uint8_t* row0, int64_t rb, const uint16_t* x, int64_t k, int64_t b,
+                      const float* d, const float* mn, __m512 iota, __m512 (&acc)[R][MG]) {
+  constexpr int kB = kBlockBytes<T>;
+  _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB), _MM_HINT_T0);
+  if constexpr (R * kB > 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB + 64),
+                 _MM_HINT_T0);
+  }
+  __m512bh w[R];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(row0 + r * rb + b * kB, d[r], mn[r], iota);
+#pragma GCC unroll 16
+  for (int i = 0; i < MG; ++i) {
+    const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * k + b * 32));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], xv, w[r]);
+  }
+}
+
 // R consecutive weight rows (row0, rows rb bytes apart) against x rows i0 .. i0 + MG - 1.
 template <GgmlType T, int R, int MG>
 inline void GroupBf16(const uint8_t* row0, int64_t rb, const Bf16Act& xa, int i0, float* y,
@@ -112,51 +129,32 @@ inline void GroupBf16(const uint8_t* row0, int64_t rb, const Bf16Act& xa, int i0
 #pragma GCC unroll 16
     for (int i = 0; i < MG; ++i) acc[r][i] = _mm512_setzero_ps();
   const uint16_t* x = xa.x + int64_t{i0} * xa.k;
+  float d[R], mn[R];
   int64_t b = 0;
   if constexpr (T == GgmlType::kQ4_1) {
     // Whole chunks of 16 blocks take their scales from Q41Scales16.
-    alignas(64) float d[R][16], mn[R][16];
+    alignas(64) float dc[R][16], mc[R][16];
     for (; b + 16 <= xa.nb; b += 16) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rb + b * kB, d[r], mn[r]);
+      for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rb + b * kB, dc[r], mc[r]);
       for (int c = 0; c < 16; ++c) {
-        const int64_t bc = b + c;
-        _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + bc * R * kB),
-                     _MM_HINT_T0);
-        if constexpr (R * kB > 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + bc * R * kB + 64),
-                       _MM_HINT_T0);
-        }
-        __m512bh w[R];
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
-          w[r] = WeightsBf16<T>(row0 + r * rb + bc * kB, d[r][c], mn[r][c], iota);
+          d[r] = dc[r][c];
+          mn[r] = mc[r][c];
         }
-#pragma GCC unroll 16
-        for (int i = 0; i < MG; ++i) {
-          const __m512bh xv =
-              reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * xa.k + bc * 32));
-#pragma GCC unroll 8
-          for (int r = 0; r < R; ++r) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], xv, w[r]);
-        }
+        BlockStep<T, R, MG>(row0, rb, x, xa.k, b + c, d, mn, iota, acc);
       }
     }
   }
   for (; b < xa.nb; ++b) {
-    _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB), _MM_HINT_T0);
-    if constexpr (R * kB > 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB + 64),
-                   _MM_HINT_T0);
-    }
-    __m512bh w[R];
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(row0 + r * rb + b * kB, iota);
-#pragma GCC unroll 16
-    for (int i = 0; i < MG; ++i) {
-      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * xa.k + b * 32));
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], xv, w[r]);
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* blk = row0 + r * rb + b * kB;
+      d[r] = Half(blk);
+      mn[r] = T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f;
     }
+    BlockStep<T, R, MG>(row0, rb, x, xa.k, b, d, mn, iota, acc);
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MG; ++i)
