@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/profiling_backend.h"
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
 #include "common/util/status_macros.h"
@@ -63,7 +64,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
       options.batch_invariant < 0 ? options.precision == "fp32" : options.batch_invariant != 0;
   // Batch-invariant Linear never takes the GEMM path: no fp32 copy of the weights to prepack.
   if (cpu.batch_invariant) cpu.prepack_at_load = false;
-  e->backend_ = MakeCpuBackend(cpu);
+  e->backend_ = MaybeProfile(MakeCpuBackend(cpu));
   const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_));
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(*e->model_->gguf));
@@ -208,10 +209,7 @@ void DecodeEngine::Finish(Sequence& s, TokenEvent ev) {
   if (cb) cb(ev);
 }
 
-void DecodeEngine::EmitToken(Sequence& s, const float* logits) {
-  const int32_t vocab = model_->config.vocab_size;
-  SampledToken st = s.sampler.Sample(std::span<const float>(logits, vocab), s.sched.tokens,
-                                     static_cast<size_t>(s.sched.n_prompt));
+void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
   TokenEvent ev;
   ev.token = st.id;
   ev.index = s.n_generated++;
@@ -282,15 +280,23 @@ absl::Status DecodeEngine::Step() {
   } else {
     CommitStep(sched, *cache_);
     const int32_t vocab = model_->config.vocab_size;
-    int row = 0;
-    int64_t sampled = 0;
+    sampling_.clear();
     for (const ScheduledChunk& c : sched.chunks) {
-      if (!c.wants_logits) continue;
-      EmitToken(*seqs_.at(c.seq->id), logits_.data() + size_t{1} * row++ * vocab);
-      ++sampled;
+      if (c.wants_logits) sampling_.push_back({seqs_.at(c.seq->id).get(), {}});
     }
+    // Sampling reads a whole vocabulary row per sequence (penalties, log-sum-exp): parallel over
+    // the sequences, each with its own sampler state. Events go out afterwards, in batch order.
+    ParallelFor(static_cast<int64_t>(sampling_.size()), [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {
+        Sequence& s = *sampling_[i].seq;
+        sampling_[i].token =
+            s.sampler.Sample(std::span<const float>(logits_.data() + size_t{1} * i * vocab, vocab),
+                             s.sched.tokens, static_cast<size_t>(s.sched.n_prompt));
+      }
+    });
+    for (SampledSeq& ss : sampling_) EmitToken(*ss.seq, std::move(ss.token));
     absl::MutexLock lock(&mu_);
-    stats_.generated_tokens += sampled;
+    stats_.generated_tokens += static_cast<int64_t>(sampling_.size());
   }
   absl::MutexLock lock(&mu_);
   if (!sched.chunks.empty()) ++stats_.steps;

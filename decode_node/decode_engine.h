@@ -106,8 +106,8 @@ class DecodeEngine {
   void Intake();
   // Ends a sequence: event, blocks freed, forgotten.
   void Finish(Sequence& s, TokenEvent event);
-  // Samples the next token of a sequence from its logits row and streams it.
-  void EmitToken(Sequence& s, const float* logits);
+  // Streams a sequence's sampled token (and ends the sequence where it stops).
+  void EmitToken(Sequence& s, SampledToken token);
   void Loop();
 
   DecodeEngineOptions options_;
@@ -124,6 +124,11 @@ class DecodeEngine {
   absl::flat_hash_map<int64_t, std::unique_ptr<Sequence>> seqs_;
   SchedulerQueues queues_;
   std::vector<float> logits_;
+  struct SampledSeq {
+    Sequence* seq;
+    SampledToken token;
+  };
+  std::vector<SampledSeq> sampling_;  // Step's scratch: the sequences sampled this step
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;

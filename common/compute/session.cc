@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/profiling_backend.h"
 #include "common/util/status_macros.h"
 
 namespace tripod {
@@ -34,7 +35,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
   ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
-  s->backend_ = MakeCpuBackend(cpu);
+  s->backend_ = MaybeProfile(MakeCpuBackend(cpu));
   ASSIGN_OR_RETURN(s->model_,
                    LoadModel(options.model_path.empty() ? BundledModelPath() : options.model_path,
                              *s->backend_));

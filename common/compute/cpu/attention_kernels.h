@@ -280,7 +280,23 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
   // A second walker kDecodePrefetch slots ahead prefetches K and V rows into L2 (not L1, which
   // that distance would overrun): a sequence's blocks are scattered over the pool, and one
   // head's rows of a block are only a few KB, too short a stream for the hardware prefetchers.
-  int64_t pre = k0 + kDecodePrefetch, pblk = pre / bt, prow = pre % bt;
+  int64_t pre = k0, pblk = pre / bt, prow = pre % bt;
+  auto prefetch_next = [&] {
+    const size_t poff = static_cast<size_t>(kv.block_ids[pblk]) * kv.block_bytes + head_off +
+                        static_cast<size_t>(prow) * kRowBytes;
+    for (size_t line = 0; line < kRowBytes; line += 64) {
+      _mm_prefetch(reinterpret_cast<const char*>(kv.k_base + poff + line), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(kv.v_base + poff + line), _MM_HINT_T1);
+    }
+    ++pre;
+    if (++prow == bt) {
+      prow = 0;
+      ++pblk;
+    }
+  };
+  // The walker starts at k0: the task's first kDecodePrefetch slots are asked for up front
+  // rather than left to demand misses (a task is often only a few hundred slots).
+  while (pre < kend && pre < k0 + kDecodePrefetch) prefetch_next();
   alignas(64) T dots[RB][kT];
   alignas(64) float s[RB][kT];
   const uint8_t* kp[kT];
@@ -297,19 +313,7 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
         row = 0;
         ++blk;
       }
-      if (pre < kend) {
-        const size_t poff = static_cast<size_t>(kv.block_ids[pblk]) * kv.block_bytes + head_off +
-                            static_cast<size_t>(prow) * kRowBytes;
-        for (size_t line = 0; line < kRowBytes; line += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(kv.k_base + poff + line), _MM_HINT_T1);
-          _mm_prefetch(reinterpret_cast<const char*>(kv.v_base + poff + line), _MM_HINT_T1);
-        }
-        ++pre;
-        if (++prow == bt) {
-          prow = 0;
-          ++pblk;
-        }
-      }
+      if (pre < kend) prefetch_next();
     }
     // Scores: per slot and row, DV products summed lane-wise, then W slots reduced at once.
     for (int j = 0; j < n; ++j) {

@@ -1,0 +1,148 @@
+// ProfilingBackend; see profiling_backend.h.
+#include "common/compute/profiling_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace tripod {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct OpTotals {
+  int64_t calls = 0;
+  int64_t rows = 0;
+  double seconds = 0;
+};
+
+class ProfilingBackend final : public Backend {
+ public:
+  ProfilingBackend(std::unique_ptr<Backend> inner, std::FILE* out)
+      : inner_(std::move(inner)), out_(out) {}
+
+  ~ProfilingBackend() override { Print(); }
+
+  std::string name() const override { return inner_->name() + " (profiled)"; }
+  float* Alloc(size_t floats) override { return inner_->Alloc(floats); }
+  void Free(float* p) override { inner_->Free(p); }
+
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
+      std::span<const GgufTensorInfo* const> parts) override {
+    return inner_->PrepareMatrix(parts);
+  }
+  absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
+      const GgufTensorInfo& tensor) override {
+    return inner_->PrepareVector(tensor);
+  }
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
+      std::span<const GgufTensorInfo* const> parts,
+      std::span<const float* const> col_scales) override {
+    return inner_->PrepareScaledMatrix(parts, col_scales);
+  }
+
+  void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
+             int64_t ld_out) override {
+    Timed("embed", static_cast<int64_t>(ids.size()),
+          [&] { inner_->Embed(table, ids, out, ld_out); });
+  }
+  void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
+               float* y, int64_t ldy) override {
+    Timed("rms_norm", m, [&] { inner_->RmsNorm(x, ldx, w, m, n, eps, y, ldy); });
+  }
+  void Linear(const PreparedMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+              bool accumulate) override {
+    // Decode-sized and prefill-sized calls apart: they run different kernels.
+    const std::string key =
+        absl::StrCat("linear ", w.n(), "x", w.k(), m <= 16 ? " m<=16" : " m>16");
+    Timed(key, m, [&] { inner_->Linear(w, x, m, ldx, y, ldy, accumulate); });
+  }
+  void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
+    Timed("add_bias", m, [&] { inner_->AddBias(x, ldx, b, m, n); });
+  }
+  void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
+                 int64_t ldy) override {
+    Timed("add_scaled", m, [&] { inner_->AddScaled(x, ldx, alpha, m, n, y, ldy); });
+  }
+  void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim,
+            const RopeAngles& angles) override {
+    Timed("rope", m, [&] { inner_->Rope(x, ldx, m, n_heads, head_dim, angles); });
+  }
+  void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
+    Timed("swiglu", m, [&] { inner_->SwiGlu(gu, ldgu, m, n, out, ldo); });
+  }
+  void GatherRows(const float* src, int64_t lds, std::span<const int32_t> src_rows, int n,
+                  float* dst, int64_t ldd) override {
+    Timed("gather_rows", static_cast<int64_t>(src_rows.size()),
+          [&] { inner_->GatherRows(src, lds, src_rows, n, dst, ldd); });
+  }
+  void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
+               const KvLayerRef& kv, int64_t slot_begin) override {
+    Timed("write_kv", m,
+          [&] { inner_->WriteKv(k, v, m, ld, n_kv_heads, head_dim, kv, slot_begin); });
+  }
+  void Attention(std::span<const AttentionArgs> seqs) override {
+    int64_t rows = 0;
+    for (const AttentionArgs& a : seqs) rows += a.n_q;
+    // Batches of single-token queries (decode steps) apart from the rest.
+    const bool decode = rows == static_cast<int64_t>(seqs.size());
+    Timed(decode ? "attention decode" : "attention prefill", rows,
+          [&] { inner_->Attention(seqs); });
+  }
+  void ToHost(const float* src, size_t n, float* host_dst) override {
+    Timed("to_host", 1, [&] { inner_->ToHost(src, n, host_dst); });
+  }
+
+ private:
+  template <class F>
+  void Timed(const std::string& op, int64_t rows, F&& f) {
+    const Clock::time_point t0 = Clock::now();
+    f();
+    OpTotals& t = totals_[op];
+    t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++t.calls;
+    t.rows += rows;
+  }
+
+  void Print() const {
+    std::vector<std::pair<std::string, OpTotals>> rows(totals_.begin(), totals_.end());
+    std::sort(rows.begin(), rows.end(),
+              [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+    double total = 0;
+    for (const auto& [op, t] : rows) total += t.seconds;
+    std::fprintf(out_, "TRIPOD_PROFILE %s: %.3f s in backend ops\n", inner_->name().c_str(), total);
+    std::fprintf(out_, "  %-34s %10s %12s %11s %6s\n", "op", "calls", "rows", "total ms", "share");
+    for (const auto& [op, t] : rows) {
+      std::fprintf(out_, "  %-34s %10lld %12lld %11.1f %5.1f%%\n", op.c_str(),
+                   static_cast<long long>(t.calls), static_cast<long long>(t.rows), 1e3 * t.seconds,
+                   total > 0 ? 100.0 * t.seconds / total : 0.0);
+    }
+    std::fflush(out_);
+  }
+
+  std::unique_ptr<Backend> inner_;
+  std::FILE* out_;
+  std::map<std::string, OpTotals> totals_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeProfilingBackend(std::unique_ptr<Backend> inner, std::FILE* out) {
+  return std::make_unique<ProfilingBackend>(std::move(inner), out);
+}
+
+std::unique_ptr<Backend> MaybeProfile(std::unique_ptr<Backend> inner) {
+  const char* env = std::getenv("TRIPOD_PROFILE");
+  if (env == nullptr || env[0] == 0 || std::strcmp(env, "0") == 0) return inner;
+  return MakeProfilingBackend(std::move(inner));
+}
+
+}  // namespace tripod
