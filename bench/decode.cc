@@ -27,6 +27,7 @@
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | auto");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(int, batch_invariant, -1, "batch-invariant kernels: 1, 0, -1 = on for fp32 only");
 ABSL_FLAG(std::string, concurrency, "1,4,16,64", "concurrent requests per run");
 ABSL_FLAG(int, prompt_tokens, 512, "prompt length");
@@ -58,6 +59,7 @@ int Run() {
   DecodeEngineOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);
   o.kv_budget_bytes = size_t{1} * absl::GetFlag(FLAGS_kv_budget_mb) << 20;
   o.block_tokens = absl::GetFlag(FLAGS_block_tokens);
@@ -140,12 +142,13 @@ int Run() {
         "{\"bench\":\"decode\",\"concurrency\":%d,\"aggregate_tok_s\":%.1f,\"itl_mean_ms\":%.2f,"
         "\"itl_p99_ms\":%.2f,\"kv_bytes_per_token\":%.0f,\"kv_bytes_per_token_theory\":%.0f,"
         "\"window_tokens\":%lld,\"window_s\":%.3f,\"prompt_tokens\":%d,\"new_tokens\":%d,"
-        "\"steps\":%lld,\"forward_s\":%.3f,\"step_s\":%.3f,\"precision\":\"%s\",\"threads\":%d}\n",
+        "\"steps\":%lld,\"forward_s\":%.3f,\"step_s\":%.3f,\"precision\":\"%s\",\"kv_cache_dtype\":"
+        "\"%s\",\"threads\":%d}\n",
         C, window > 0 ? window_tokens / window : 0.0, mean, p99, used, theory,
         static_cast<long long>(window_tokens), window, prompt_n, new_n,
         static_cast<long long>(after.steps - before.steps),
         after.forward_seconds - before.forward_seconds, after.step_seconds - before.step_seconds,
-        o.precision.c_str(), ComputeThreads());
+        o.precision.c_str(), KvDtypeName(layout.dtype), ComputeThreads());
     std::fflush(stdout);
   }
 

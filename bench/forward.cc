@@ -19,6 +19,7 @@
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | auto");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(std::string, lengths, "128,512,2048", "prompt lengths");
 ABSL_FLAG(int, decode_tokens, 128, "greedy tokens decoded after each prompt");
 ABSL_FLAG(int, reps, 2, "repetitions (best is reported)");
@@ -40,6 +41,7 @@ int Run() {
   SessionOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);
   std::vector<int> lengths;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_lengths), ',')) {
@@ -89,10 +91,12 @@ int Run() {
     }
     std::printf(
         "{\"bench\":\"forward\",\"model\":\"%s\",\"backend\":\"%s\",\"precision\":\"%s\","
-        "\"threads\":%d,\"prompt_tokens\":%d,\"prefill_s\":%.4f,\"prefill_tok_s\":%.1f,"
+        "\"kv_cache_dtype\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"prefill_s\":%.4f,"
+        "\"prefill_tok_s\":%.1f,"
         "\"decode_tokens\":%d,\"decode_tok_s\":%.1f}\n",
         s.model().gguf->path().c_str(), s.backend().name().c_str(), o.precision.c_str(),
-        ComputeThreads(), n, best_prefill, n / best_prefill, decode, decode / best_decode);
+        KvDtypeName(s.kv_dtype()), ComputeThreads(), n, best_prefill, n / best_prefill, decode,
+        decode / best_decode);
     std::fflush(stdout);
   }
   return 0;

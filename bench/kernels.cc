@@ -331,7 +331,7 @@ struct Kv {
 
 Kv MakeKv(KvDtype dt, int n_kv, int d, int slots) {
   Kv kv;
-  const size_t bytes = size_t(n_kv) * slots * d * KvDtypeBytes(dt);
+  const size_t bytes = size_t(n_kv) * slots * KvRowBytes(dt, d);
   kv.k.assign(bytes, 0);
   kv.v.assign(bytes, 0);
   kv.ref = KvLayerRef{kv.k.data(), kv.v.data(), kv.ids.data(), 1, slots, bytes, dt};
@@ -340,10 +340,6 @@ Kv MakeKv(KvDtype dt, int n_kv, int d, int slots) {
   for (auto& x : rows) x = std::normal_distribution<float>()(rng);
   WriteKvCpu(rows.data(), rows.data(), slots, n_kv * d, n_kv, d, kv.ref, 0);
   return kv;
-}
-
-const char* DtName(KvDtype dt) {
-  return dt == KvDtype::kF32 ? "f32" : dt == KvDtype::kF16 ? "f16" : "bf16";
 }
 
 // Anonymous memory with transparent huge pages requested (as the paged KV pool does), unless
@@ -369,7 +365,7 @@ struct HugeBuffer {
 void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx) {
   const int H = 9, KVH = 3, D = 64, kBt = 16, kLayers = 30;
   const int blocks_per_seq = kCtx / kBt, n_blocks = kSeqs * blocks_per_seq;
-  const size_t block_bytes = size_t(KVH) * kBt * D * KvDtypeBytes(dt);
+  const size_t block_bytes = size_t(KVH) * kBt * KvRowBytes(dt, D);
   std::mt19937 rng(5);
   std::vector<HugeBuffer> k(kLayers), v(kLayers);
   std::vector<int32_t> ids(n_blocks);
@@ -400,9 +396,9 @@ void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx) {
     AttentionCpu(args);
     l = (l + 1) % kLayers;
   });
-  const double bytes = 2.0 * kSeqs * kCtx * KVH * D * KvDtypeBytes(dt);
+  const double bytes = 2.0 * kSeqs * kCtx * KVH * KvRowBytes(dt, D);
   std::printf("| decode %d seqs x ctx %d, paged %d | %s | %.3f | %.1f GB/s | %.2f |\n", kSeqs, kCtx,
-              kBt, DtName(dt), t * 1e3, bytes / t / 1e9, t * 30e3);
+              kBt, KvDtypeName(dt), t * 1e3, bytes / t / 1e9, t * 30e3);
 }
 
 void BenchAttention() {
@@ -412,7 +408,7 @@ void BenchAttention() {
       ComputeThreads(), IsaName(ActiveIsa()));
   std::printf("| case | kv | ms (1 layer) | GFLOP/s | x30 layers ms |\n|---|---|---:|---:|---:|\n");
   std::mt19937 rng(4);
-  for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}) {
+  for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8_0}) {
     for (int n : {512, 2048, 4096}) {
       Kv kv = MakeKv(dt, KVH, D, n);
       std::vector<float> q(size_t(n) * H * D), out(q.size());
@@ -420,7 +416,7 @@ void BenchAttention() {
       AttentionArgs a{q.data(), H * D, n, 0, H, KVH, D, 0.125f, kv.ref, out.data(), H * D};
       const double t = TimeIt([&] { AttentionCpu(std::span<const AttentionArgs>(&a, 1)); });
       const double flop = 4.0 * D * H * n * (n + 1) / 2.0;
-      std::printf("| prefill %d | %s | %.2f | %.1f | %.0f |\n", n, DtName(dt), t * 1e3,
+      std::printf("| prefill %d | %s | %.2f | %.1f | %.0f |\n", n, KvDtypeName(dt), t * 1e3,
                   flop / t / 1e9, t * 30e3);
     }
     for (int ctx : {2048, 8192}) {
@@ -437,7 +433,7 @@ void BenchAttention() {
         l = (l + 1) % layers.size();
       });
       const double flop = 4.0 * D * H * ctx;
-      std::printf("| decode ctx %d | %s | %.3f | %.1f | %.2f |\n", ctx, DtName(dt), t * 1e3,
+      std::printf("| decode ctx %d | %s | %.3f | %.1f | %.2f |\n", ctx, KvDtypeName(dt), t * 1e3,
                   flop / t / 1e9, t * 30e3);
     }
     BenchBatchedDecode(dt, 16, 512);

@@ -47,6 +47,8 @@ ABSL_FLAG(bool, stats, false, "print prefill and decode tokens/s to stderr");
 ABSL_FLAG(std::string, precision, "auto",
           "fp32 (exact path) | bf16 | int8 (reduced precision) | auto (bf16 if the CPU has it, "
           "else int8)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "KV cache element type: auto (f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(int, chunk, 1024, "prefill chunk size in tokens (1 = token by token)");
 ABSL_FLAG(int, context, 0, "KV capacity in tokens (default: the model's context length)");
 ABSL_FLAG(bool, print_ids, false, "generate: print the generated ids instead of text");
@@ -75,6 +77,7 @@ absl::StatusOr<std::unique_ptr<Session>> OpenSession() {
   SessionOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   o.context_tokens = absl::GetFlag(FLAGS_context);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);
   return Session::Open(o);

@@ -10,6 +10,7 @@
 #include "common/compute/profiling_backend.h"
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
+#include "common/kv/kv_dtype.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/stop_matcher.h"
@@ -76,7 +77,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
   kv.layout.n_layers = c.n_layers;
   kv.layout.n_kv_heads = c.n_kv_heads;
   kv.layout.head_dim = c.head_dim;
-  kv.layout.dtype = cpu.kv;
+  ASSIGN_OR_RETURN(kv.layout.dtype, ParseKvDtype(options.kv_cache_dtype, cpu.kv));
   kv.block_tokens = options.block_tokens;
   kv.budget_bytes = options.kv_budget_bytes;
   kv.watermark = options.watermark;

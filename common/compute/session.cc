@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/profiling_backend.h"
+#include "common/kv/kv_dtype.h"
 #include "common/util/status_macros.h"
 
 namespace tripod {
@@ -44,7 +45,7 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
   layout.n_layers = c.n_layers;
   layout.n_kv_heads = c.n_kv_heads;
   layout.head_dim = c.head_dim;
-  layout.dtype = options.precision == "fp32" ? KvDtype::kF32 : KvDtype::kF16;
+  ASSIGN_OR_RETURN(layout.dtype, ParseKvDtype(options.kv_cache_dtype, cpu.kv));
   const int ctx = options.context_tokens > 0 ? options.context_tokens : c.context_length;
   ASSIGN_OR_RETURN(s->kv_, ContiguousKvCache::Create(layout, 1, ctx));
   s->ws_ = std::make_unique<ForwardWorkspace>(*s->backend_);

@@ -23,8 +23,10 @@ std::string BundledModelPath();
 struct SessionOptions {
   std::string model_path;          // empty: BundledModelPath()
   std::string precision = "auto";  // fp32 | bf16 | int8 | auto (CpuOptionsForPrecision)
-  int context_tokens = 0;          // 0: the model's context length
-  int prefill_chunk = 1024;        // tokens per prefill forward
+  // KV element type: auto (the precision's: f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0.
+  std::string kv_cache_dtype = "auto";
+  int context_tokens = 0;    // 0: the model's context length
+  int prefill_chunk = 1024;  // tokens per prefill forward
 };
 
 class Session {
@@ -33,6 +35,7 @@ class Session {
 
   const LoadedModel& model() const { return *model_; }
   Backend& backend() { return *backend_; }
+  KvDtype kv_dtype() const { return kv_->layout().dtype; }
   int n_cached() const { return static_cast<int>(tokens_.size()); }
   const std::vector<int32_t>& tokens() const { return tokens_; }
 

@@ -3,6 +3,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/kv/kv_dtype.h"
 
 namespace tripod {
 
@@ -12,12 +13,13 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(con
   if (n_seqs <= 0 || capacity_tokens <= 0 || layout.n_layers <= 0) {
     return absl::InvalidArgumentError("KV cache needs at least one sequence, slot and layer");
   }
+  if (absl::Status s = ValidateKvLayout(layout); !s.ok()) return s;
   std::unique_ptr<ContiguousKvCache> c(new ContiguousKvCache());
   c->layout_ = layout;
   c->n_seqs_ = n_seqs;
   c->capacity_ = capacity_tokens;
-  c->block_bytes_ = size_t{1} * layout.n_kv_heads * capacity_tokens * layout.head_dim *
-                    KvDtypeBytes(layout.dtype);
+  c->block_bytes_ =
+      size_t{1} * layout.n_kv_heads * capacity_tokens * KvRowBytes(layout.dtype, layout.head_dim);
   const size_t total = c->block_bytes_ * 2 * layout.n_layers * n_seqs;
   if (total > (size_t{64} << 30)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", total, " bytes is too large"));

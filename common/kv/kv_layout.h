@@ -8,18 +8,47 @@
 
 namespace tripod {
 
-enum class KvDtype : uint8_t { kF32, kF16, kBF16 };
+// kQ8_0: each run of 32 elements of a row is an fp16 scale d then 32 int8 q, x = d * q (the
+// layout of GGML's Q8_0 blocks, 34 bytes per 32 elements); head_dim must be a multiple of 32.
+enum class KvDtype : uint8_t { kF32, kF16, kBF16, kQ8_0 };
 
-inline size_t KvDtypeBytes(KvDtype t) { return t == KvDtype::kF32 ? 4 : 2; }
+constexpr int kKvQ8Block = 32;       // elements per scale
+constexpr int kKvQ8BlockBytes = 34;  // fp16 scale + 32 int8
+
+// Bytes of one head_dim row of K (or V) for one slot and head.
+inline size_t KvRowBytes(KvDtype t, int head_dim) {
+  switch (t) {
+    case KvDtype::kF32:
+      return size_t{4} * head_dim;
+    case KvDtype::kQ8_0:
+      return size_t{kKvQ8BlockBytes} * (head_dim / kKvQ8Block);
+    default:
+      return size_t{2} * head_dim;
+  }
+}
+
+inline const char* KvDtypeName(KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32:
+      return "f32";
+    case KvDtype::kF16:
+      return "f16";
+    case KvDtype::kBF16:
+      return "bf16";
+    case KvDtype::kQ8_0:
+      return "q8_0";
+  }
+  return "?";
+}
 
 struct KvLayout {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
   KvDtype dtype = KvDtype::kF32;
-  // 2 (K and V) * layers * kv_heads * head_dim * element size.
+  // 2 (K and V) * layers * kv_heads * head_dim * element size (34/32 bytes for kQ8_0).
   size_t bytes_per_token() const {
-    return 2ull * n_layers * n_kv_heads * head_dim * KvDtypeBytes(dtype);
+    return 2ull * n_layers * n_kv_heads * KvRowBytes(dtype, head_dim);
   }
 };
 
@@ -34,7 +63,7 @@ struct KvLayerRef {
   const int32_t* block_ids = nullptr;
   int n_blocks = 0;
   int block_tokens = 0;
-  size_t block_bytes = 0;  // n_kv_heads * block_tokens * head_dim * element size
+  size_t block_bytes = 0;  // n_kv_heads * block_tokens * KvRowBytes(dtype, head_dim)
   KvDtype dtype = KvDtype::kF32;
   // Attention ignores slots below this one (query i sees [first_visible_slot, n_past + i]): a
   // layer that wrote no K/V for the prompt (POP's "no K/V" control) sees nothing of it.
@@ -49,7 +78,7 @@ struct KvLayerRef {
     const int64_t b = block_ids[s / block_tokens];
     const int64_t r = s % block_tokens;
     return base + b * block_bytes +
-           ((static_cast<int64_t>(h) * block_tokens + r) * head_dim) * KvDtypeBytes(dtype);
+           (static_cast<int64_t>(h) * block_tokens + r) * KvRowBytes(dtype, head_dim);
   }
 };
 

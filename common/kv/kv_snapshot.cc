@@ -5,11 +5,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/kv_dtype.h"
 #include "common/model/quant_types.h"
 
 namespace tripod {
 namespace {
 
+// Per-element access for the unblocked types (kQ8_0 rows go through its row codec).
 float LoadElement(const uint8_t* p, KvDtype t) {
   switch (t) {
     case KvDtype::kF32: {
@@ -27,6 +29,8 @@ float LoadElement(const uint8_t* p, KvDtype t) {
       std::memcpy(&h, p, 2);
       return Bf16ToFp32(h);
     }
+    case KvDtype::kQ8_0:
+      break;
   }
   return 0;
 }
@@ -46,16 +50,32 @@ void StoreElement(float f, uint8_t* p, KvDtype t) {
       std::memcpy(p, &h, 2);
       return;
     }
+    case KvDtype::kQ8_0:
+      return;
   }
 }
 
 // Copies one head_dim row between element types (a plain copy when they agree).
 void CopyRow(const uint8_t* src, KvDtype st, uint8_t* dst, KvDtype dt, int head_dim) {
   if (st == dt) {
-    std::memcpy(dst, src, size_t{1} * head_dim * KvDtypeBytes(st));
+    std::memcpy(dst, src, KvRowBytes(st, head_dim));
     return;
   }
-  const size_t sb = KvDtypeBytes(st), db = KvDtypeBytes(dt);
+  if (st == KvDtype::kQ8_0 || dt == KvDtype::kQ8_0) {
+    std::vector<float> row(head_dim);
+    if (st == KvDtype::kQ8_0) {
+      DequantizeKvQ8Row(src, head_dim, row.data());
+    } else {
+      CopyRow(src, st, reinterpret_cast<uint8_t*>(row.data()), KvDtype::kF32, head_dim);
+    }
+    if (dt == KvDtype::kQ8_0) {
+      QuantizeKvQ8Row(row.data(), head_dim, dst);
+    } else {
+      CopyRow(reinterpret_cast<const uint8_t*>(row.data()), KvDtype::kF32, dst, dt, head_dim);
+    }
+    return;
+  }
+  const size_t sb = KvRowBytes(st, 1), db = KvRowBytes(dt, 1);
   for (int i = 0; i < head_dim; ++i) StoreElement(LoadElement(src + i * sb, st), dst + i * db, dt);
 }
 
@@ -65,6 +85,9 @@ absl::Status ValidateSnapshot(const KvSnapshot& s, int32_t max_position) {
   const KvLayout& l = s.layout;
   if (l.n_layers <= 0 || l.n_kv_heads <= 0 || l.head_dim <= 0 || s.n_slots < 0) {
     return absl::InvalidArgumentError("KV snapshot: empty or negative shape");
+  }
+  if (absl::Status st = ValidateKvLayout(l); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("KV snapshot: ", st.message()));
   }
   const size_t want = size_t{1} * l.n_layers * l.n_kv_heads * s.n_slots * s.row_bytes();
   if (s.k.size() != want || s.v.size() != want) {

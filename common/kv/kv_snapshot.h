@@ -19,7 +19,7 @@ namespace tripod {
 struct KvSnapshot {
   KvLayout layout;  // layers, KV heads, head_dim and the element type of k and v
   int n_slots = 0;  // entries per (layer, KV head)
-  // [n_layers][n_kv_heads][n_slots][head_dim] elements of layout.dtype.
+  // [n_layers][n_kv_heads][n_slots] rows of head_dim elements of layout.dtype.
   std::vector<uint8_t> k, v;
   // Source position of each entry, [n_layers][n_kv_heads][n_slots]; empty when untrimmed
   // (entry s of every layer and head is prompt position s).
@@ -29,7 +29,7 @@ struct KvSnapshot {
   uint64_t plan_key = 0;  // ForwardPlan::KvKey() of the plan that made it; plans never mix
 
   bool trimmed() const { return !positions.empty(); }
-  size_t row_bytes() const { return size_t{1} * layout.head_dim * KvDtypeBytes(layout.dtype); }
+  size_t row_bytes() const { return KvRowBytes(layout.dtype, layout.head_dim); }
   size_t offset(int layer, int head, int slot) const {
     return ((size_t{1} * layer * layout.n_kv_heads + head) * n_slots + slot) * row_bytes();
   }

@@ -7,6 +7,7 @@
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/kv_dtype.h"
 
 namespace tripod {
 namespace {
@@ -39,6 +40,7 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
     return absl::InvalidArgumentError(
         absl::StrCat("paged KV cache: watermark ", o.watermark, " is not in [0, 1)"));
   }
+  if (absl::Status s = ValidateKvLayout(l); !s.ok()) return s;
   const size_t per_block = size_t{1} * o.block_tokens * l.bytes_per_token();
   const size_t n = o.budget_bytes / per_block;
   if (n == 0) {
@@ -51,7 +53,7 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   }
   const int num_blocks = static_cast<int>(n);
   std::unique_ptr<PagedKvCache> c(new PagedKvCache(l, o.block_tokens, num_blocks));
-  c->block_bytes_ = size_t{1} * l.n_kv_heads * o.block_tokens * l.head_dim * KvDtypeBytes(l.dtype);
+  c->block_bytes_ = size_t{1} * l.n_kv_heads * o.block_tokens * KvRowBytes(l.dtype, l.head_dim);
   c->array_bytes_ = c->block_bytes_ * num_blocks;
   c->bytes_ = c->array_bytes_ * 2 * l.n_layers;
   c->watermark_blocks_ = static_cast<int>(o.watermark * num_blocks);

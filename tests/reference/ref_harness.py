@@ -85,8 +85,9 @@ def _ids_arg(ids):
   return ",".join(str(int(i)) for i in ids)
 
 
-def cpp_logits(ids, precision, vocab, chunk=None, all_positions=False, model=None):
-  """Runs `tripod logits`; returns float32 [vocab] or [n, vocab]."""
+def cpp_logits(ids, precision, vocab, chunk=None, all_positions=False, model=None, kv=None):
+  """Runs `tripod logits` (kv: the KV cache type, default the precision's); returns float32
+  [vocab] or [n, vocab]."""
   with tempfile.TemporaryDirectory(prefix="tripod_ref_") as tmp:
     out = os.path.join(tmp, "logits.f32")
     args = ["logits", "--model", model or model_path(), "--ids", _ids_arg(ids),
@@ -95,7 +96,9 @@ def cpp_logits(ids, precision, vocab, chunk=None, all_positions=False, model=Non
       args += ["--chunk", chunk]
     if all_positions:
       args.append("--all")
-    _run(args, f"tripod logits ({precision}, {len(ids)} tokens)")
+    if kv is not None:
+      args += ["--kv_cache_dtype", kv]
+    _run(args, f"tripod logits ({precision}, kv {kv or 'auto'}, {len(ids)} tokens)")
     if not os.path.isfile(out):
       raise TestFailure(f"tripod logits wrote no file {out}")
     data = np.fromfile(out, dtype="<f4")

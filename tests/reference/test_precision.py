@@ -4,7 +4,8 @@
 Text: Debian's license texts from /usr/share/common-licenses (GPL-3, Apache-2.0, MPL-2.0,
 LGPL-2.1; package base-files), tokenized with the GGUF's own vocabulary through Hugging Face
 `tokenizers`, cut into 5 windows of 2048 tokens. For every position of every window, `tripod
-logits --all` in each precision; the top-1 tokens must agree at >= 99% of positions. The fp32
+logits --all` in each precision; the top-1 tokens must agree at >= 99% of positions (>= 97% for
+the opt-in q8_0 KV cache). The fp32
 path's mean NLL of the text is checked too, so that two equally broken paths cannot agree.
 """
 
@@ -20,6 +21,9 @@ import ref_tokenizer
 WINDOWS = 5
 WINDOW = 2048
 MIN_AGREEMENT = 0.99
+# The opt-in q8_0 KV cache (auto otherwise) loses more: ~98.3% measured here. Its bar catches a
+# broken kernel or codec, not the codec's own loss.
+MIN_AGREEMENT_Q8KV = 0.97
 MAX_FP32_NLL = 3.5  # nats/token; the reference gives 2.65..2.98 per window, chance is 10.8
 
 
@@ -42,14 +46,16 @@ def main():
   # The reduced paths that claim the bar: "auto" (the default: bf16 GEMMs where the CPU has
   # them, f16 KV) and "bf16" where the CPU can run it (else noted). The opt-in "int8" path does
   # not claim it (see test_forward_reference.py).
-  modes = [("auto", None), ("bf16", None)]
+  # (label, precision, KV cache type, bar)
+  modes = [("auto", "auto", None, MIN_AGREEMENT), ("bf16", "bf16", None, MIN_AGREEMENT),
+           ("auto+q8_0 kv", "auto", "q8_0", MIN_AGREEMENT_Q8KV)]
   try:
     H.cpp_logits(ids[:8], "bf16", vocab)
   except H.Unsupported as e:
     print(f"NOTE: bf16 not checked, this CPU cannot run it: {e}")
     modes = [m for m in modes if m[0] != "bf16"]
-  agree = {m: 0 for m, _ in modes}
-  nll = {m: 0.0 for m, _ in modes}
+  agree = {m[0]: 0 for m in modes}
+  nll = {m[0]: 0.0 for m in modes}
   nll32_sum = 0.0
   positions = 0
   rows = []
@@ -62,8 +68,8 @@ def main():
     nll32 = mean_nll(fp32, targets)
     del fp32
     row = [f"{w * WINDOW}..{(w + 1) * WINDOW - 1}", WINDOW, f"{nll32:.3f}"]
-    for mode, chunk in modes:
-      logits = H.cpp_logits(window, mode, vocab, chunk=chunk, all_positions=True)
+    for mode, precision, kv, _ in modes:
+      logits = H.cpp_logits(window, precision, vocab, all_positions=True, kv=kv)
       a = int(np.sum(logits.argmax(axis=-1) == top32))
       n = mean_nll(logits, targets)
       del logits
@@ -74,20 +80,20 @@ def main():
     nll32_sum += nll32 * WINDOW
     rows.append(tuple(row + [f"{time.time() - t0:.1f}"]))
   total = ["all", positions, f"{nll32_sum / positions:.3f}"]
-  for mode, _ in modes:
+  for mode, _, _, _ in modes:
     total += [f"{agree[mode] / positions:.4f}", f"{nll[mode] / positions:.3f}"]
   rows.append(tuple(total + [""]))
   print(f"text: {', '.join(prompts.CORPUS_FILES)} from {prompts.LICENSE_DIR}")
   header = ["window", "positions", "fp32 NLL"]
-  for mode, _ in modes:
+  for mode, _, _, _ in modes:
     header += [f"{mode} top1=fp32", f"{mode} NLL"]
   H.print_table(tuple(header + ["s"]), rows)
   nll32 = nll32_sum / positions
   assert nll32 <= MAX_FP32_NLL, f"fp32 mean NLL {nll32:.3f} > {MAX_FP32_NLL}: logits look wrong"
-  for mode, _ in modes:
+  for mode, _, _, bar in modes:
     rate = agree[mode] / positions
     print(f"{mode} vs fp32 top-1 agreement: {rate * 100:.2f}% of {positions} positions")
-    assert rate >= MIN_AGREEMENT, f"{mode}/fp32 top-1 agreement {rate:.4f} < {MIN_AGREEMENT}"
+    assert rate >= bar, f"{mode}/fp32 top-1 agreement {rate:.4f} < {bar}"
 
 if __name__ == "__main__":
   H.main_wrapper(main)

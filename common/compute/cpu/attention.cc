@@ -11,6 +11,7 @@
 
 #include "common/compute/cpu/attention_internal.h"
 #include "common/compute/cpu/cpu_features.h"
+#include "common/kv/kv_dtype.h"
 #include "common/util/thread_pool.h"
 
 namespace tripod {
@@ -74,6 +75,7 @@ void LoadRowScalar(const uint8_t* src, KvDtype dt, int n, float* dst) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
+  if (dt == KvDtype::kQ8_0) return DequantizeKvQ8Row(src, n, dst);
   for (int i = 0; i < n; ++i) {
     uint16_t h;
     std::memcpy(&h, src + 2 * i, 2);
@@ -90,6 +92,7 @@ void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
+  if (dtype == KvDtype::kQ8_0) return QuantizeKvQ8Row(src, n, dst);
   for (int i = 0; i < n; ++i) {
     const uint16_t h = dtype == KvDtype::kF16 ? FloatToHalf(src[i]) : FloatToBf16(src[i]);
     std::memcpy(dst + 2 * i, &h, 2);
@@ -314,9 +317,11 @@ void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_
     return;
   }
   const IsaLevel isa = ActiveIsa();
-  auto convert = isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
-                 : isa >= IsaLevel::kAvx2 ? attn::avx2::ConvertRow
-                                          : attn::scalar::ConvertRow;
+  // q8_0 rows take the one quantiser of kv_dtype.h on every ISA (the same bits everywhere).
+  auto convert = kv.dtype == KvDtype::kQ8_0 ? attn::scalar::ConvertRow
+                 : isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
+                 : isa >= IsaLevel::kAvx2   ? attn::avx2::ConvertRow
+                                            : attn::scalar::ConvertRow;
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < n_kv_heads; ++h) {
       const int64_t off = t * stride + static_cast<int64_t>(h) * head_dim;

@@ -24,10 +24,23 @@ constexpr float kNegInf = -__builtin_inff();
 inline int Imin(int64_t a, int64_t b) { return static_cast<int>(a < b ? a : b); }
 
 // dst[0..head_dim) = slot's K (or V) row as fp32.
+// The fp32 scale of a q8_0 block (its first two bytes, fp16).
+inline float Q8Scale(const uint8_t* blk) {
+  uint16_t h;
+  __builtin_memcpy(&h, blk, 2);
+  return _cvtsh_ss(h);
+}
+
 template <class V>
 inline void LoadRow(const uint8_t* src, KvDtype dt, int head_dim, float* dst) {
   constexpr int W = V::W;
-  if (dt == KvDtype::kF32) {
+  if (dt == KvDtype::kQ8_0) {
+    for (int d = 0; d < head_dim; d += W) {
+      const uint8_t* blk = src + (d / kKvQ8Block) * kKvQ8BlockBytes;
+      const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2) + d % kKvQ8Block;
+      V::Store(dst + d, V::Mul(V::LoadQ8(q), V::Set1(Q8Scale(blk))));
+    }
+  } else if (dt == KvDtype::kF32) {
     const float* s = reinterpret_cast<const float*>(src);
     for (int d = 0; d < head_dim; d += W) V::Store(dst + d, V::Load(s + d));
   } else if (dt == KvDtype::kF16) {
@@ -240,6 +253,11 @@ template <class V, KvDtype DT>
 inline typename V::T LoadKv(const uint8_t* p, int c) {
   if constexpr (DT == KvDtype::kF32) {
     return V::Load(reinterpret_cast<const float*>(p) + c * V::W);
+  } else if constexpr (DT == KvDtype::kQ8_0) {
+    // Vector c is elements [c W, c W + W) of the row: in block c W / 32 (W divides 32).
+    const uint8_t* blk = p + (c * V::W / kKvQ8Block) * kKvQ8BlockBytes;
+    const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2) + (c * V::W) % kKvQ8Block;
+    return V::Mul(V::LoadQ8(q), V::Set1(Q8Scale(blk)));
   } else if constexpr (DT == KvDtype::kF16) {
     return V::LoadF16(reinterpret_cast<const uint16_t*>(p) + c * V::W);
   } else {
@@ -262,7 +280,8 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
   using T = typename V::T;
   constexpr int W = V::W, D = DV * W, kT = kDecodeTile, kTV = kT / W;
   static_assert(kT % W == 0);
-  constexpr size_t kRowBytes = size_t{D} * (DT == KvDtype::kF32 ? 4 : 2);
+  constexpr size_t kRowBytes = DT == KvDtype::kQ8_0 ? size_t{D / kKvQ8Block} * kKvQ8BlockBytes
+                                                    : size_t{D} * (DT == KvDtype::kF32 ? 4 : 2);
   T acc[RB][DV];
   float mr[RB], lr[RB];
   int64_t last = limit[0];
@@ -333,8 +352,11 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
     for (int r = 0; r < RB; ++r) {
       const int64_t lim = limit[r] - t0;  // last tile index this row sees
       const int valid = lim < 0 ? 0 : (lim + 1 < n ? static_cast<int>(lim + 1) : n);
-      for (int j = valid; j < kT; ++j) s[r][j] = kNegInf;
-      if (valid == 0) continue;  // p = 0 (exp of -inf) for the whole tile
+      if (valid == 0) {  // p = 0 for the whole tile
+        for (int j = 0; j < kT; ++j) s[r][j] = 0.0f;
+        continue;
+      }
+      for (int j = valid; j < kT; ++j) s[r][j] = kNegInf;  // Exp gives 0 for these
       T mx = V::Load(s[r]);
       for (int tv = 1; tv < kTV; ++tv) mx = V::Max(mx, V::Load(s[r] + tv * W));
       const float tile_max = V::ReduceMax(mx);
@@ -360,7 +382,7 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
       T vr[DV];
       for (int c = 0; c < DV; ++c) vr[c] = LoadKv<V, DT>(vp[j], c);
       for (int r = 0; r < RB; ++r) {
-        const T p = V::Set1(s[r][j] == kNegInf ? 0.0f : s[r][j]);
+        const T p = V::Set1(s[r][j]);
         for (int c = 0; c < DV; ++c) acc[r][c] = V::Fma(p, vr[c], acc[r][c]);
       }
     }
@@ -443,6 +465,9 @@ bool DecodeImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int
       return DecodeDt<V, KvDtype::kF32>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
     case KvDtype::kF16:
       return DecodeDt<V, KvDtype::kF16>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+    case KvDtype::kQ8_0:
+      if (a.head_dim % kKvQ8Block != 0) return false;
+      return DecodeDt<V, KvDtype::kQ8_0>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
     default:
       return DecodeDt<V, KvDtype::kBF16>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
   }
@@ -456,6 +481,7 @@ void ConvertRowImpl(const float* src, int n, KvDtype dtype, uint8_t* dst) {
     __builtin_memcpy(dst, src, static_cast<size_t>(n) * 4);
     return;
   }
+  if (dtype == KvDtype::kQ8_0) return scalar::ConvertRow(src, n, dtype, dst);
   uint16_t* d16 = reinterpret_cast<uint16_t*>(dst);
   if (dtype == KvDtype::kF16) {
     for (; i + W <= n; i += W) V::StoreF16(d16 + i, V::Load(src + i));

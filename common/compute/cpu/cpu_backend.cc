@@ -31,6 +31,7 @@ class CpuMatrix final : public PreparedMatrix {
     std::vector<float> col_scale;  // [k] input-column scales (folded norm weight); empty: none
   };
   std::vector<Part> parts;
+  std::vector<QuantPart> quant_parts;  // parts' matrices and output columns, for QuantGemm
   int64_t n_ = 0, k_ = 0;
   GemmPrecision precision = GemmPrecision::kF32;
   mutable std::once_flag gemm_once;
@@ -164,7 +165,7 @@ class CpuBackend final : public Backend {
                         opts_.gemv == GemvMode::kInt8   ? "int8"
                         : opts_.gemv == GemvMode::kBf16 ? "bf16"
                                                         : "fp32",
-                        ", kv ", opts_.kv == KvDtype::kF32 ? "f32" : "f16", ")");
+                        ")");
   }
 
   float* Alloc(size_t floats) override {
@@ -202,6 +203,7 @@ class CpuBackend final : public Backend {
       ASSIGN_OR_RETURN(size_t row_bytes, RowBytes(t->type, t->cols()));
       QuantMatrix q{t->type, t->data, t->rows(), t->cols(), static_cast<int64_t>(row_bytes)};
       m->parts.push_back({q, m->n_});
+      m->quant_parts.push_back({q, m->n_});
       m->n_ += t->rows();
     }
     return std::unique_ptr<PreparedMatrix>(std::move(m));
@@ -261,6 +263,18 @@ class CpuBackend final : public Backend {
   void Linear(const PreparedMatrix& pw, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
               bool accumulate) override {
     const auto& w = static_cast<const CpuMatrix&>(pw);
+    if ((m <= opts_.gemv_max_rows || opts_.batch_invariant) && !w.gemm_only) {
+      // Slabs of rows keep x in L2 while the weights stream by; a row's result is the same in
+      // any slab (the GEMV kernels' per-row arithmetic does not depend on m). All parts, and
+      // the accumulation, in one parallel region per slab.
+      constexpr int kSlab = 64;
+      for (int i0 = 0; i0 < m; i0 += kSlab) {
+        const int mi = std::min(kSlab, m - i0);
+        QuantGemm(w.quant_parts, x + int64_t{i0} * ldx, mi, ldx, y + int64_t{i0} * ldy, ldy,
+                  opts_.gemv, accumulate);
+      }
+      return;
+    }
     float* dst = y;
     int64_t ldd = ldy;
     if (accumulate) {
@@ -268,20 +282,7 @@ class CpuBackend final : public Backend {
       dst = tmp_.data();
       ldd = w.n_;
     }
-    if ((m <= opts_.gemv_max_rows || opts_.batch_invariant) && !w.gemm_only) {
-      // Slabs of rows keep x in L2 while the weights stream by; a row's result is the same in
-      // any slab (the GEMV kernels' per-row arithmetic does not depend on m).
-      constexpr int kSlab = 64;
-      for (int i0 = 0; i0 < m; i0 += kSlab) {
-        const int mi = std::min(kSlab, m - i0);
-        for (const CpuMatrix::Part& p : w.parts) {
-          QuantGemm(p.q, x + int64_t{i0} * ldx, mi, ldx, dst + int64_t{i0} * ldd + p.row_begin, ldd,
-                    opts_.gemv);
-        }
-      }
-    } else {
-      w.Gemm().Run(x, m, ldx, dst, ldd);
-    }
+    w.Gemm().Run(x, m, ldx, dst, ldd);
     if (accumulate) {
       ParallelFor(
           m,

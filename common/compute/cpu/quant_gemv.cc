@@ -221,80 +221,162 @@ int BlockElems(GgmlType t) {
 
 void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
                GemvMode mode) {
-  if (m <= 0 || w.n <= 0) return;
-  if (w.k <= 0 || w.k % BlockElems(w.type) != 0 || w.data == nullptr) {
-    // Not a valid matrix: NaNs make the caller's mistake visible instead of reading past it.
-    for (int i = 0; i < m; ++i) {
-      std::fill(y + i * ldy, y + i * ldy + w.n, std::numeric_limits<float>::quiet_NaN());
+  const QuantPart part{w, 0};
+  QuantGemm(std::span<const QuantPart>(&part, 1), x, m, ldx, y, ldy, mode, false);
+}
+
+void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t ldx, float* y,
+               int64_t ldy, GemvMode mode, bool accumulate) {
+  if (m <= 0 || parts.empty()) return;
+  const IsaLevel isa = ActiveIsa();
+  const int64_t k = parts[0].q.k;
+  const int64_t nb = k / 32;
+  // How each part runs: the kernel family follows its weight type.
+  enum class Path : uint8_t { kInvalid, kBf16, kInt8, kF32 };
+  constexpr int kMaxParts = 8;
+  if (parts.size() > kMaxParts) {
+    for (size_t p0 = 0; p0 < parts.size(); p0 += kMaxParts) {
+      QuantGemm(parts.subspan(p0, std::min<size_t>(kMaxParts, parts.size() - p0)), x, m, ldx, y,
+                ldy, mode, accumulate);
     }
     return;
   }
-  const IsaLevel isa = ActiveIsa();
-  const bool block_type =
-      w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0;
-  const bool q4 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1;
-  // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both run kF32.
-  const bool int8 = mode == GemvMode::kInt8 && block_type;
-  const int64_t nb = w.k / 32;
-  const bool bf16 = mode == GemvMode::kBf16 && m >= kBf16MinRows && block_type &&
-                    isa >= IsaLevel::kAvx512 && GetCpuFeatures().avx512bf16;
+  Path path[kMaxParts];
+  bool need_bf16 = false, need_int8 = false, need_bsum = false;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const QuantMatrix& w = parts[p].q;
+    if (w.n <= 0) {
+      path[p] = Path::kInvalid;
+      continue;
+    }
+    if (w.k != k || w.k <= 0 || w.k % BlockElems(w.type) != 0 || w.data == nullptr) {
+      // Not a valid matrix: NaNs make the caller's mistake visible instead of reading past it.
+      for (int i = 0; i < m; ++i) {
+        float* yi = y + i * ldy + parts[p].col;
+        std::fill(yi, yi + w.n, std::numeric_limits<float>::quiet_NaN());
+      }
+      path[p] = Path::kInvalid;
+      continue;
+    }
+    const bool block_type =
+        w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0;
+    const bool q4 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1;
+    // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both kF32.
+    if (mode == GemvMode::kBf16 && m >= kBf16MinRows && block_type && isa >= IsaLevel::kAvx512 &&
+        GetCpuFeatures().avx512bf16) {
+      path[p] = Path::kBf16;
+      need_bf16 = true;
+    } else if (mode == GemvMode::kInt8 && block_type) {
+      path[p] = Path::kInt8;
+      need_int8 = true;
+    } else {
+      path[p] = Path::kF32;
+      need_bsum |= q4 && isa >= IsaLevel::kAvx2;
+    }
+  }
 
-  // x prepared once per call (m * k values) by the calling thread, shared by all threads.
+  // x prepared once per call (m * k values) by the calling thread, shared by all threads and
+  // parts.
   thread_local std::vector<int8_t> xq;
-  thread_local std::vector<float> xs, xsum;
+  thread_local std::vector<float> xs, xsum, bsum;
   thread_local std::vector<uint16_t> xb;
   qgemv::Int8Act xa8;
   qgemv::Bf16Act xab;
-  qgemv::F32Act xa{x, ldx, nullptr, m, w.k, nb};
-  if (bf16) {
-    xb.resize(static_cast<size_t>(m) * w.k);
-    qgemv::avx512::ConvertActBf16(x, m, ldx, w.k, xb.data());
-    xab = {xb.data(), m, w.k, nb};
-  } else if (int8) {
-    xq.resize(static_cast<size_t>(m) * w.k);
+  qgemv::F32Act xa{x, ldx, nullptr, m, k, nb};
+  if (need_bf16) {
+    xb.resize(static_cast<size_t>(m) * k);
+    qgemv::avx512::ConvertActBf16(x, m, ldx, k, xb.data());
+    xab = {xb.data(), m, k, nb};
+  }
+  if (need_int8) {
+    xq.resize(static_cast<size_t>(m) * k);
     xs.resize(static_cast<size_t>(m) * nb);
     xsum.resize(static_cast<size_t>(m) * nb);
     if (isa >= IsaLevel::kAvx512) {
-      qgemv::avx512::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+      qgemv::avx512::QuantizeActInt8(x, m, ldx, k, xq.data(), xs.data(), xsum.data());
     } else if (isa >= IsaLevel::kAvx2) {
-      qgemv::avx2::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+      qgemv::avx2::QuantizeActInt8(x, m, ldx, k, xq.data(), xs.data(), xsum.data());
     } else {
-      qgemv::scalar::QuantizeActInt8(x, m, ldx, w.k, xq.data(), xs.data(), xsum.data());
+      qgemv::scalar::QuantizeActInt8(x, m, ldx, k, xq.data(), xs.data(), xsum.data());
     }
-    xa8 = {xq.data(), xs.data(), xsum.data(), m, w.k, nb};
-  } else if (q4 && isa >= IsaLevel::kAvx2) {
-    xsum.resize(static_cast<size_t>(m) * nb);
-    if (isa >= IsaLevel::kAvx512) {
-      qgemv::avx512::BlockSums(x, m, ldx, w.k, xsum.data());
-    } else {
-      qgemv::avx2::BlockSums(x, m, ldx, w.k, xsum.data());
-    }
-    xa.bsum = xsum.data();
+    xa8 = {xq.data(), xs.data(), xsum.data(), m, k, nb};
   }
-  const bool fast_type = HasVectorKernel(w.type);
+  if (need_bsum) {
+    bsum.resize(static_cast<size_t>(m) * nb);
+    if (isa >= IsaLevel::kAvx512) {
+      qgemv::avx512::BlockSums(x, m, ldx, k, bsum.data());
+    } else {
+      qgemv::avx2::BlockSums(x, m, ldx, k, bsum.data());
+    }
+    xa.bsum = bsum.data();
+  }
+  // With accumulate the kernels write a scratch [m][n_total], which the same work unit then
+  // adds into y.
+  int64_t n_total = 0;
+  for (const QuantPart& p : parts) n_total = std::max(n_total, p.col + std::max<int64_t>(0, p.q.n));
+  thread_local std::vector<float> acc_tmp;
+  float* out = y;
+  int64_t ldo = ldy;
+  if (accumulate) {
+    acc_tmp.resize(static_cast<size_t>(m) * n_total);
+    out = acc_tmp.data();
+    ldo = n_total;
+  }
 
-  // Work units of kRowQuantum rows, so the kernels' row groups stay whole.
+  // Work units of kRowQuantum rows, so the kernels' row groups stay whole; part p owns units
+  // [first[p], first[p + 1]).
   const int64_t q = qgemv::kRowQuantum;
-  auto run = [&](int64_t u0, int64_t u1) {
-    const int64_t j0 = u0 * q, j1 = std::min(w.n, u1 * q);
-    if (bf16 && qgemv::avx512::RowsBf16(w, xab, y, ldy, j0, j1)) return;
-    if (int8) {
-      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa8, y, ldy, j0, j1)) return;
-      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa8, y, ldy, j0, j1)) return;
-      qgemv::scalar::RowsInt8(w, xa8, y, ldy, j0, j1);
-      return;
+  int64_t first[kMaxParts + 1];
+  int64_t unit_bytes = 0;
+  first[0] = 0;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    const QuantMatrix& w = parts[p].q;
+    const int64_t units = path[p] == Path::kInvalid ? 0 : (w.n + q - 1) / q;
+    first[p + 1] = first[p] + units;
+    unit_bytes = std::max(unit_bytes, q * w.row_bytes * std::max(1, m));
+  }
+  const int64_t units = first[parts.size()];
+  if (units == 0) return;
+
+  auto run_part = [&](size_t p, int64_t j0, int64_t j1) {
+    const QuantMatrix& w = parts[p].q;
+    float* yp = out + parts[p].col;
+    switch (path[p]) {
+      case Path::kBf16:
+        if (qgemv::avx512::RowsBf16(w, xab, yp, ldo, j0, j1)) return;
+        break;
+      case Path::kInt8:
+        if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa8, yp, ldo, j0, j1)) return;
+        if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa8, yp, ldo, j0, j1)) return;
+        qgemv::scalar::RowsInt8(w, xa8, yp, ldo, j0, j1);
+        return;
+      default:
+        break;
     }
-    if (fast_type) {
-      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsF32(w, xa, y, ldy, j0, j1)) return;
-      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsF32(w, xa, y, ldy, j0, j1)) return;
+    if (HasVectorKernel(w.type)) {
+      if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsF32(w, xa, yp, ldo, j0, j1)) return;
+      if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsF32(w, xa, yp, ldo, j0, j1)) return;
     }
-    qgemv::scalar::RowsF32(w, xa, y, ldy, j0, j1);
+    qgemv::scalar::RowsF32(w, xa, yp, ldo, j0, j1);
   };
-  const int64_t units = (w.n + q - 1) / q;
+  auto run = [&](int64_t u0, int64_t u1) {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const int64_t a = std::max(u0, first[p]), b = std::min(u1, first[p + 1]);
+      if (a >= b) continue;
+      const int64_t j0 = (a - first[p]) * q, j1 = std::min(parts[p].q.n, (b - first[p]) * q);
+      run_part(p, j0, j1);
+      if (accumulate) {
+        for (int i = 0; i < m; ++i) {
+          float* yi = y + i * ldy + parts[p].col;
+          const float* ti = out + i * ldo + parts[p].col;
+          for (int64_t j = j0; j < j1; ++j) yi[j] += ti[j];
+        }
+      }
+    }
+  };
   // About 4 chunks per thread (balance when a thread is late), but none under ~16 KB of weights:
   // a fork/join costs as much as streaming that much.
   const int threads = ComputeThreads();
-  const int64_t unit_bytes = q * w.row_bytes * std::max(1, m);
   const int64_t min_units = std::max<int64_t>(1, (16 << 10) / std::max<int64_t>(1, unit_bytes));
   const int64_t grain = std::max<int64_t>(min_units, units / (threads * 4));
   ParallelFor(units, run, grain);

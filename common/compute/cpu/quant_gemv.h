@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "common/model/quant_types.h"
 
@@ -32,5 +33,18 @@ struct QuantMatrix {
 // Threads over n with ParallelFor. m is small (1..16); for larger m use the GEMM path.
 void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
                GemvMode mode);
+
+// A matrix stacked with others along the output: its rows are y's columns [col, col + q.n).
+struct QuantPart {
+  QuantMatrix q;
+  int64_t col = 0;
+};
+
+// The same over parts that share x (all of the same k), in one parallel region with x prepared
+// once (Q|K|V, gate|up): decode runs hundreds of these a token, and each fork/join and each
+// pass over x costs about as much as streaming a few KB of weights. With accumulate, y += the
+// product (each thread adds the columns it computed, in the same region).
+void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t ldx, float* y,
+               int64_t ldy, GemvMode mode, bool accumulate);
 
 }  // namespace tripod

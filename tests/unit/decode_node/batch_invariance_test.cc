@@ -1,7 +1,8 @@
 // The CPU backend's batch-invariant mode (what the decode engine runs for fp32): a token's logits
 // are bit-identical whether its sequence runs alone, in prompt chunks of any size, or in one
 // forward with other sequences (decode rows, prompt chunks, more than 16 rows: the sizes where
-// the default mode switches GEMV -> GEMM and decode -> prefill attention).
+// the default mode switches GEMV -> GEMM and decode -> prefill attention), with an f32 KV cache
+// and with a q8_0 one (its rows are quantised alike however they were computed).
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -18,7 +19,9 @@
 namespace tripod {
 namespace {
 
-TEST(BatchInvarianceTest, LogitsDoNotDependOnBatchOrChunking) {
+class BatchInvarianceTest : public ::testing::TestWithParam<KvDtype> {};
+
+TEST_P(BatchInvarianceTest, LogitsDoNotDependOnBatchOrChunking) {
   const std::string path = TestModelPath();
   CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
   o.batch_invariant = true;
@@ -38,8 +41,7 @@ TEST(BatchInvarianceTest, LogitsDoNotDependOnBatchOrChunking) {
   };
   const std::vector<int32_t> a = prompt(40), b = prompt(23), d = prompt(9);
   auto cache = [&](int seqs) {
-    return *ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32}, seqs,
-                                      64);
+    return *ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, GetParam()}, seqs, 64);
   };
 
   // Alone, one chunk: logits of a's last token.
@@ -75,6 +77,10 @@ TEST(BatchInvarianceTest, LogitsDoNotDependOnBatchOrChunking) {
   EXPECT_EQ(std::memcmp(alone.data(), mixed.data() + vocab, vocab * sizeof(float)), 0)
       << "a's last logits differ between alone and batched/chunked";
 }
+
+INSTANTIATE_TEST_SUITE_P(KvTypes, BatchInvarianceTest,
+                         ::testing::Values(KvDtype::kF32, KvDtype::kQ8_0),
+                         [](const auto& info) { return std::string(KvDtypeName(info.param)); });
 
 }  // namespace
 }  // namespace tripod

@@ -250,6 +250,47 @@ TEST_F(DecodeEngineTest, ImportedKvGivesThePlainPathsTokens) {
   ExpectAllFree(*e);
 }
 
+// A q8_0 KV cache: concurrent sequences still match each alone (fp32 is batch-invariant and a
+// row's q8_0 bits do not depend on the batch), and f32 KV imported from a prefill worker is
+// quantised to the same bits the engine's own prefill stores, so it gives the same tokens.
+TEST_F(DecodeEngineTest, Q8KvCacheConcurrentAndImportedEqualAlone) {
+  DecodeEngineOptions o = Options();
+  o.kv_cache_dtype = "q8_0";
+  auto alone_engine = NewEngine(o);
+  ASSERT_NE(alone_engine, nullptr);
+  EXPECT_EQ(alone_engine->cache().layout().dtype, KvDtype::kQ8_0);
+  std::vector<std::vector<int32_t>> alone;
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    Stream s;
+    ASSERT_TRUE(
+        alone_engine->Submit(Greedy(RandomPrompt(kLengths[i], 100 + i), kNewTokens, &s)).ok());
+    ASSERT_TRUE(alone_engine->RunUntilIdle().ok());
+    alone.push_back(s.tokens);
+  }
+  auto e = NewEngine(o);
+  ASSERT_NE(e, nullptr);
+  std::deque<Stream> streams = RunConcurrent(*e);
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    EXPECT_EQ(streams[i].tokens, alone[i]) << "prompt of " << kLengths[i] << " tokens";
+  }
+  EXPECT_GE(e->stats().max_batch_seqs, 8);
+  ExpectAllFree(*e);
+
+  Stream imported;
+  const std::vector<int32_t> prompt = RandomPrompt(kLengths[5], 105);
+  DecodeRequest r = Greedy(prompt, kNewTokens, &imported);
+  r.kv = std::make_shared<KvSnapshot>(PrefillSnapshot(prompt));  // f32 KV
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(imported.tokens, alone[5]);
+  ExpectAllFree(*e);
+
+  o.kv_cache_dtype = "q4";
+  auto bad = DecodeEngine::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("q8_0"), std::string::npos) << bad.status();
+}
+
 TEST_F(DecodeEngineTest, RejectsBadRequests) {
   auto e = NewEngine(Options());
   ASSERT_NE(e, nullptr);

@@ -1,6 +1,6 @@
 // Tests for AttentionCpu and WriteKvCpu: every ISA path on this CPU against a naive double
-// softmax over the stored K/V, for paged (shuffled blocks) caches, f32 / f16 / bf16 KV, decode
-// (incl. the split-slot path), prefill tiles, odd sizes and several sequences in one call.
+// softmax over the stored K/V, for paged (shuffled blocks) caches, f32 / f16 / bf16 / q8_0 KV,
+// decode (incl. the split-slot path), prefill tiles, odd sizes and several sequences in one call.
 #include "common/compute/cpu/attention.h"
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/compute/cpu/cpu_features.h"
+#include "common/kv/kv_dtype.h"
 #include "common/model/quant_types.h"
 #include "gtest/gtest.h"
 
@@ -36,7 +37,7 @@ struct PagedKv {
 PagedKv MakeKv(KvDtype dt, int n_kv, int head_dim, int block_tokens, int slots, std::mt19937& rng) {
   PagedKv kv;
   const int n_blocks = (slots + block_tokens - 1) / block_tokens;
-  const size_t block_bytes = size_t(n_kv) * block_tokens * head_dim * KvDtypeBytes(dt);
+  const size_t block_bytes = size_t(n_kv) * block_tokens * KvRowBytes(dt, head_dim);
   const int physical = n_blocks + 2;
   kv.k.assign(physical * block_bytes, 0xcd);
   kv.v.assign(physical * block_bytes, 0xcd);
@@ -49,14 +50,21 @@ PagedKv MakeKv(KvDtype dt, int n_kv, int head_dim, int block_tokens, int slots, 
   return kv;
 }
 
-float Stored(const uint8_t* p, KvDtype dt) {
+// Element e of a stored row, as the cache holds it.
+float Stored(const uint8_t* row, int e, KvDtype dt) {
+  if (dt == KvDtype::kQ8_0) {
+    const uint8_t* blk = row + (e / kKvQ8Block) * kKvQ8BlockBytes;
+    uint16_t h;
+    std::memcpy(&h, blk, 2);
+    return Fp16ToFp32(h) * static_cast<float>(static_cast<int8_t>(blk[2 + e % kKvQ8Block]));
+  }
   if (dt == KvDtype::kF32) {
     float f;
-    std::memcpy(&f, p, 4);
+    std::memcpy(&f, row + 4 * e, 4);
     return f;
   }
   uint16_t h;
-  std::memcpy(&h, p, 2);
+  std::memcpy(&h, row + 2 * e, 2);
   return dt == KvDtype::kF16 ? Fp16ToFp32(h) : Bf16ToFp32(h);
 }
 
@@ -108,7 +116,7 @@ void CheckAgainstReference(const Seq& s, const SeqData& d, IsaLevel isa) {
         double dot = 0;
         for (int e = 0; e < D; ++e) {
           dot += double(d.q[i * d.args.q_stride + h * D + e]) *
-                 Stored(d.kv.ref.k_at(t, kvh, D) + e * KvDtypeBytes(s.dt), s.dt);
+                 Stored(d.kv.ref.k_at(t, kvh, D), e, s.dt);
         }
         sc[t] = dot * d.args.scale;
         mx = std::max(mx, sc[t]);
@@ -118,7 +126,7 @@ void CheckAgainstReference(const Seq& s, const SeqData& d, IsaLevel isa) {
       for (int e = 0; e < D; ++e) {
         double ref = 0;
         for (int t = 0; t <= last; ++t) {
-          ref += sc[t] * Stored(d.kv.ref.v_at(t, kvh, D) + e * KvDtypeBytes(s.dt), s.dt);
+          ref += sc[t] * Stored(d.kv.ref.v_at(t, kvh, D), e, s.dt);
         }
         ref /= den;
         ASSERT_NEAR(d.out[i * d.args.out_stride + h * D + e], ref, 2e-5 * (1 + std::fabs(ref)))
@@ -161,6 +169,14 @@ TEST(AttentionCpuTest, DecodeHalfFormats) {
   RunCases({{1, 700, 9, 3, 64, KvDtype::kF16, 32}, {1, 333, 9, 3, 64, KvDtype::kBF16, 16}}, false);
 }
 
+TEST(AttentionCpuTest, DecodeQ8) {
+  RunCases({{1, 700, 9, 3, 64, KvDtype::kQ8_0, 16},
+            {1, 0, 9, 3, 64, KvDtype::kQ8_0, 16},
+            {1, 260, 16, 2, 128, KvDtype::kQ8_0, 7},
+            {1, 90, 8, 8, 32, KvDtype::kQ8_0, 5}},
+           false);
+}
+
 TEST(AttentionCpuTest, ShortPrefillAndVerify) {
   // Few queries over a long past (speculative verification, chunked prefill tails).
   RunCases({{3, 50, 9, 3, 64, KvDtype::kF32, 16}, {5, 900, 9, 3, 64, KvDtype::kF16, 64}}, false);
@@ -170,7 +186,8 @@ TEST(AttentionCpuTest, PrefillTiles) {
   RunCases({{7, 13, 9, 3, 64, KvDtype::kF32, 16},
             {40, 0, 9, 3, 64, KvDtype::kF32, 8},
             {100, 37, 9, 3, 64, KvDtype::kBF16, 16},
-            {130, 200, 9, 3, 64, KvDtype::kF16, 1000}},
+            {130, 200, 9, 3, 64, KvDtype::kF16, 1000},
+            {70, 20, 9, 3, 64, KvDtype::kQ8_0, 16}},
            false);
 }
 
@@ -186,7 +203,8 @@ TEST(AttentionCpuTest, BatchOfSequences) {
   RunCases({{1, 300, 9, 3, 64, KvDtype::kF16, 16},
             {1, 0, 9, 3, 64, KvDtype::kF16, 16},
             {50, 10, 9, 3, 64, KvDtype::kF16, 16},
-            {2, 600, 9, 3, 64, KvDtype::kF16, 16}},
+            {2, 600, 9, 3, 64, KvDtype::kF16, 16},
+            {1, 400, 9, 3, 64, KvDtype::kQ8_0, 16}},
            true);
 }
 
@@ -207,7 +225,7 @@ TEST(AttentionCpuTest, DecodeKernelShapes) {
 TEST(AttentionCpuTest, BatchInvariantChunkRowsEqualLoneQueries) {
   for (IsaLevel isa : Levels()) {
     SetIsaCap(isa);
-    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16}) {
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
       std::mt19937 rng(31);
       const Seq s{40, 90, 9, 3, 64, dt, 16};
       SeqData d;
@@ -272,8 +290,8 @@ TEST(WriteKvCpuTest, ConversionsMatchReference) {
         for (int h = 0; h < n_kv; ++h) {
           for (int e = 0; e < D; ++e) {
             const float x = rows[(t * n_kv + h) * D + e];
-            const uint8_t* pk = kv.ref.k_at(3 + t, h, D) + e * KvDtypeBytes(dt);
-            const uint8_t* pv = kv.ref.v_at(3 + t, h, D) + e * KvDtypeBytes(dt);
+            const uint8_t* pk = kv.ref.k_at(3 + t, h, D) + e * KvRowBytes(dt, 1);
+            const uint8_t* pv = kv.ref.v_at(3 + t, h, D) + e * KvRowBytes(dt, 1);
             if (dt == KvDtype::kF32) {
               ASSERT_EQ(std::memcmp(pk, &x, 4), 0);
               ASSERT_EQ(std::memcmp(pv, &x, 4), 0);
@@ -287,6 +305,31 @@ TEST(WriteKvCpuTest, ConversionsMatchReference) {
             ASSERT_EQ(gv, want);
           }
         }
+      }
+    }
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
+// q8_0 rows are the bits of the one quantiser (kv_dtype.h) on every ISA.
+TEST(WriteKvCpuTest, Q8RowsAreTheQuantisersOnEveryIsa) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  const int n_kv = 3, D = 64, n = 9;
+  std::vector<float> rows(n * n_kv * D);
+  for (float& x : rows) x = nd(rng);
+  for (int e = 0; e < 32; ++e) rows[e] = 0.0f;  // an all-zero block
+  for (IsaLevel isa : Levels()) {
+    SetIsaCap(isa);
+    PagedKv kv = MakeKv(KvDtype::kQ8_0, n_kv, D, 4, n + 1, rng);
+    WriteKvCpu(rows.data(), rows.data(), n, n_kv * D, n_kv, D, kv.ref, 1);
+    std::vector<uint8_t> want(KvRowBytes(KvDtype::kQ8_0, D));
+    for (int t = 0; t < n; ++t) {
+      for (int h = 0; h < n_kv; ++h) {
+        QuantizeKvQ8Row(rows.data() + (t * n_kv + h) * D, D, want.data());
+        ASSERT_EQ(0, std::memcmp(kv.ref.k_at(1 + t, h, D), want.data(), want.size()))
+            << IsaName(isa) << " slot " << t << " head " << h;
+        ASSERT_EQ(0, std::memcmp(kv.ref.v_at(1 + t, h, D), want.data(), want.size()));
       }
     }
   }

@@ -276,5 +276,48 @@ TEST(QuantGemmTest, ZeroActivationsGiveZero) {
   SetIsaCap(IsaLevel::kAmx);
 }
 
+// Parts of mixed types in one call, plain and accumulating, give each part's own result bit
+// for bit (the same kernels; x prepared once), in every mode and at every ISA.
+TEST(QuantGemmTest, StackedPartsAndAccumulateEqualSeparateCalls) {
+  std::mt19937 rng(21);
+  const int64_t k = 128;
+  TestMatrix a = MakeMatrix(GgmlType::kQ4_1, 40, k, rng);
+  TestMatrix b = MakeMatrix(GgmlType::kQ8_0, 17, k, rng);
+  TestMatrix c = MakeMatrix(GgmlType::kF16, 9, k, rng);
+  TestMatrix d = MakeMatrix(GgmlType::kQ6_K, 8, 256, rng);  // other k: only as its own part
+  const int64_t n = 40 + 17 + 9;
+  const QuantPart parts[] = {{a.m, 0}, {b.m, 40}, {c.m, 57}};
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (IsaLevel isa : Levels()) {
+    SetIsaCap(isa);
+    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kBf16}) {
+      for (int m : {1, 3, 5}) {
+        const int64_t ldx = k + 1, ldy = n + 2;
+        std::vector<float> x(m * ldx), base(m * ldy);
+        for (float& v : x) v = nd(rng);
+        for (float& v : base) v = nd(rng);
+        std::vector<float> want(m * ldy, -3.0f), want_acc = base;
+        QuantGemm(a.m, x.data(), m, ldx, want.data(), ldy, mode);
+        QuantGemm(b.m, x.data(), m, ldx, want.data() + 40, ldy, mode);
+        QuantGemm(c.m, x.data(), m, ldx, want.data() + 57, ldy, mode);
+        for (int i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j) want_acc[i * ldy + j] += want[i * ldy + j];
+        std::vector<float> got(m * ldy, -3.0f), got_acc = base;
+        QuantGemm(parts, x.data(), m, ldx, got.data(), ldy, mode, false);
+        QuantGemm(parts, x.data(), m, ldx, got_acc.data(), ldy, mode, true);
+        ASSERT_EQ(got, want) << IsaName(isa) << " mode " << int(mode) << " m " << m;
+        ASSERT_EQ(got_acc, want_acc) << IsaName(isa) << " mode " << int(mode) << " m " << m;
+      }
+    }
+    // A part whose k differs from the first part's is refused with NaNs, the others computed.
+    const QuantPart mixed[] = {{a.m, 0}, {d.m, 40}};
+    std::vector<float> x(256, 0.5f), y(48, 0.0f);
+    QuantGemm(mixed, x.data(), 1, 256, y.data(), 48, GemvMode::kF32, false);
+    EXPECT_TRUE(std::isnan(y[40])) << IsaName(isa);
+    EXPECT_FALSE(std::isnan(y[0])) << IsaName(isa);
+  }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
 }  // namespace
 }  // namespace tripod
