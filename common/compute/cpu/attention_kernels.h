@@ -248,6 +248,11 @@ constexpr int kDecodeTile = 16;
 // Prefetch distance in slots: 96-160 measured best in a 16-sequence decode step (Zen 4); into
 // L2, 16 sequences x 512 slots ran at 19.5 GB/s against 16.9 into L1.
 constexpr int kDecodePrefetch = 128;
+// Software prefetch only where a head's run of rows in a block is shorter than this: longer
+// runs are streams the hardware prefetcher follows, and there the prefetch instructions only
+// cost issue slots (Zen 4, one contiguous cache of 2048 / 8192 slots, one thread: see
+// docs/cpu-kernels.md); 16-slot paged blocks need it (0.31 ms a layer with, 0.45 without).
+constexpr size_t kDecodePrefetchMaxRun = 16 << 10;
 
 template <class V, KvDtype DT>
 inline typename V::T LoadKv(const uint8_t* p, int c) {
@@ -315,7 +320,8 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
   };
   // The walker starts at k0: the task's first kDecodePrefetch slots are asked for up front
   // rather than left to demand misses (a task is often only a few hundred slots).
-  while (pre < kend && pre < k0 + kDecodePrefetch) prefetch_next();
+  const int64_t pre_end = static_cast<size_t>(bt) * kRowBytes < kDecodePrefetchMaxRun ? kend : k0;
+  while (pre < pre_end && pre < k0 + kDecodePrefetch) prefetch_next();
   alignas(64) T dots[RB][kT];
   alignas(64) float s[RB][kT];
   const uint8_t* kp[kT];
@@ -332,7 +338,7 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
         row = 0;
         ++blk;
       }
-      if (pre < kend) prefetch_next();
+      if (pre < pre_end) prefetch_next();
     }
     // Scores: per slot and row, DV products summed lane-wise, then W slots reduced at once.
     for (int j = 0; j < n; ++j) {
