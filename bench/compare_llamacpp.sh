@@ -2,7 +2,10 @@
 # Side-by-side speed of Tripod's forward pass (bench/forward) and llama.cpp's llama-bench on the
 # same model and thread count, measured in one run; prints one JSON line per metric. Builds nothing.
 #   LLAMA_BENCH=/path/to/llama-bench [THREADS=2] [REPS=3] [MODEL=models/...gguf] \
-#     [TRIPOD_BENCH=build/release/bench/forward] [PRECISION=auto] bench/compare_llamacpp.sh
+#     [TRIPOD_BENCH=build/release/bench/forward] [PRECISION=auto] [KV=auto] \
+#     bench/compare_llamacpp.sh
+# KV: the KV cache type of both sides (auto: Tripod's default and llama.cpp's f16; q8_0: both
+# q8_0, llama-bench with -ctk/-ctv q8_0 and flash attention, which its quantised V cache needs).
 # Metrics: pp128, pp512, pp2048 (prefill tokens/s), tg128 (decode tokens/s at short context) and
 # tg128_d2048 (decode after a 2048-token context; only if this llama-bench has -d/--n-depth).
 # llama.cpp values are llama-bench means over REPS runs; Tripod's are its bench's best of 2.
@@ -23,6 +26,16 @@ reps=${REPS:-3}
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tripod_bench=${TRIPOD_BENCH:-build/release/bench/forward}
 precision=${PRECISION:-auto}
+kv=${KV:-auto}
+llama_kv=()
+case "$kv" in
+  auto | f16) ;;
+  q8_0) llama_kv=(-ctk q8_0 -ctv q8_0 -fa 1) ;;
+  *)
+    echo "compare_llamacpp: KV must be auto, f16 or q8_0 (got '$kv')" >&2
+    exit 2
+    ;;
+esac
 for v in "$threads" "$reps"; do
   if ! [[ "$v" =~ ^[1-9][0-9]*$ ]]; then
     echo "compare_llamacpp: THREADS and REPS must be positive integers (got '$v')" >&2
@@ -53,18 +66,18 @@ run_to() {
   fi
 }
 
-echo "compare_llamacpp: threads=$threads precision=$precision model=$model load:$(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "compare_llamacpp: threads=$threads precision=$precision kv=$kv model=$model load:$(cut -d' ' -f1-3 /proc/loadavg)" >&2
 run_to "$tmp/llama_pp.json" "$LLAMA_BENCH" -m "$model" -t "$threads" -r "$reps" -o json \
-  -p 128,512,2048 -n 128
+  -p 128,512,2048 -n 128 "${llama_kv[@]}"
 # Older llama-bench builds have no -d; then the depth metric is skipped.
 if "$LLAMA_BENCH" --help 2>&1 | grep -q -- '--n-depth'; then
   run_to "$tmp/llama_depth.json" "$LLAMA_BENCH" -m "$model" -t "$threads" -r "$reps" -o json \
-    -p 0 -n 128 -d 2048
+    -p 0 -n 128 -d 2048 "${llama_kv[@]}"
 else
   echo "[]" >"$tmp/llama_depth.json"
 fi
 run_to "$tmp/tripod.jsonl" "$tripod_bench" --model "$model" --threads "$threads" \
-  --lengths 128,512,2048 --decode_tokens 128 --precision "$precision"
+  --lengths 128,512,2048 --decode_tokens 128 --precision "$precision" --kv_cache_dtype "$kv"
 
 python3 - "$tmp" "$threads" <<'EOF'
 import json
