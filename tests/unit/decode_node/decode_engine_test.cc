@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/model/chat_template.h"
@@ -370,6 +371,68 @@ TEST_F(DecodeEngineTest, FinishReasonsStopStringsAndLogprobs) {
   EXPECT_TRUE(e->tokenizer().IsEndOfGeneration(chat.tokens.back()));
   EXPECT_EQ(chat.text.find("<|im_end|>"), std::string::npos);
   EXPECT_FALSE(chat.text.empty());
+  ExpectAllFree(*e);
+}
+
+// Clients on their own threads submit, cancel and read stats while the background loop runs
+// (what the TSan preset checks): the cancelled request ends cancelled, the others complete
+// with their alone tokens, and every block comes back.
+TEST_F(DecodeEngineTest, BackgroundLoopCancelsFromAnotherThread) {
+  const auto ref = AloneTokens();
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  e->Start();
+  absl::Mutex mu;
+  int done = 0;
+  std::deque<Stream> streams(3);
+  auto submit = [&](int i, int max_tokens) {
+    DecodeRequest r = Greedy(RandomPrompt(kLengths[i], 100 + i), max_tokens, &streams[i]);
+    TokenCallback inner = r.on_event;
+    r.on_event = [inner, &mu, &done](const TokenEvent& ev) {
+      absl::MutexLock lock(&mu);  // the stream is read by the test thread
+      inner(ev);
+      if (ev.finish != FinishReason::kNone) ++done;
+    };
+    auto id = e->Submit(std::move(r));
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.ok() ? *id : int64_t{-1};
+  };
+  int64_t long_id = -1;
+  std::thread canceller([&] {
+    long_id = submit(2, 1000);  // long enough to be running when cancelled
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu);
+        if (!streams[2].tokens.empty()) break;
+      }
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    e->Cancel(long_id);
+  });
+  std::thread others([&] {
+    submit(0, kNewTokens);
+    submit(1, kNewTokens);
+    for (int k = 0; k < 20; ++k) {
+      (void)e->stats();
+      (void)e->idle();
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  });
+  canceller.join();
+  others.join();
+  {
+    absl::MutexLock lock(&mu);
+    auto all_done = [&done] { return done == 3; };
+    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(120)));
+  }
+  e->Stop();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(streams[2].finish, FinishReason::kCancelled);
+  EXPECT_LT(streams[2].tokens.size(), 1000u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(streams[i].finish, FinishReason::kLength);
+    EXPECT_EQ(streams[i].tokens, ref[i]);
+  }
   ExpectAllFree(*e);
 }
 
