@@ -16,7 +16,7 @@ constexpr int kKvQ8Block = 32;       // elements per scale
 constexpr int kKvQ8BlockBytes = 34;  // fp16 scale + 32 int8
 
 // Bytes of one head_dim row of K (or V) for one slot and head.
-inline size_t KvRowBytes(KvDtype t, int head_dim) {
+constexpr size_t KvRowBytes(KvDtype t, int head_dim) {
   switch (t) {
     case KvDtype::kF32:
       return size_t{4} * head_dim;

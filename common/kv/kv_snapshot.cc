@@ -62,7 +62,9 @@ void CopyRow(const uint8_t* src, KvDtype st, uint8_t* dst, KvDtype dt, int head_
     return;
   }
   if (st == KvDtype::kQ8_0 || dt == KvDtype::kQ8_0) {
-    std::vector<float> row(head_dim);
+    // Through fp32; an import converts every row of every layer, so no allocation per row.
+    thread_local std::vector<float> row;
+    row.resize(head_dim);
     if (st == KvDtype::kQ8_0) {
       DequantizeKvQ8Row(src, head_dim, row.data());
     } else {

@@ -317,11 +317,10 @@ void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_
     return;
   }
   const IsaLevel isa = ActiveIsa();
-  // q8_0 rows take the one quantiser of kv_dtype.h on every ISA (the same bits everywhere).
-  auto convert = kv.dtype == KvDtype::kQ8_0 ? attn::scalar::ConvertRow
-                 : isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
-                 : isa >= IsaLevel::kAvx2   ? attn::avx2::ConvertRow
-                                            : attn::scalar::ConvertRow;
+  // Every ISA's ConvertRow quantises q8_0 rows with the one quantiser of kv_dtype.h.
+  auto convert = isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
+                 : isa >= IsaLevel::kAvx2 ? attn::avx2::ConvertRow
+                                          : attn::scalar::ConvertRow;
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < n_kv_heads; ++h) {
       const int64_t off = t * stride + static_cast<int64_t>(h) * head_dim;

@@ -23,23 +23,22 @@ constexpr float kNegInf = -__builtin_inff();
 
 inline int Imin(int64_t a, int64_t b) { return static_cast<int>(a < b ? a : b); }
 
-// dst[0..head_dim) = slot's K (or V) row as fp32.
-// The fp32 scale of a q8_0 block (its first two bytes, fp16).
-inline float Q8Scale(const uint8_t* blk) {
+// Elements [e, e + W) of a q8_0 row as fp32 (W divides 32, e a multiple of W: one block).
+template <class V>
+inline typename V::T LoadQ8Elements(const uint8_t* row, int e) {
+  const uint8_t* blk = row + (e / kKvQ8Block) * kKvQ8BlockBytes;
   uint16_t h;
   __builtin_memcpy(&h, blk, 2);
-  return _cvtsh_ss(h);
+  const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2) + e % kKvQ8Block;
+  return V::Mul(V::LoadQ8(q), V::Set1(_cvtsh_ss(h)));
 }
 
+// dst[0..head_dim) = slot's K (or V) row as fp32.
 template <class V>
 inline void LoadRow(const uint8_t* src, KvDtype dt, int head_dim, float* dst) {
   constexpr int W = V::W;
   if (dt == KvDtype::kQ8_0) {
-    for (int d = 0; d < head_dim; d += W) {
-      const uint8_t* blk = src + (d / kKvQ8Block) * kKvQ8BlockBytes;
-      const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2) + d % kKvQ8Block;
-      V::Store(dst + d, V::Mul(V::LoadQ8(q), V::Set1(Q8Scale(blk))));
-    }
+    for (int d = 0; d < head_dim; d += W) V::Store(dst + d, LoadQ8Elements<V>(src, d));
   } else if (dt == KvDtype::kF32) {
     const float* s = reinterpret_cast<const float*>(src);
     for (int d = 0; d < head_dim; d += W) V::Store(dst + d, V::Load(s + d));
@@ -259,10 +258,7 @@ inline typename V::T LoadKv(const uint8_t* p, int c) {
   if constexpr (DT == KvDtype::kF32) {
     return V::Load(reinterpret_cast<const float*>(p) + c * V::W);
   } else if constexpr (DT == KvDtype::kQ8_0) {
-    // Vector c is elements [c W, c W + W) of the row: in block c W / 32 (W divides 32).
-    const uint8_t* blk = p + (c * V::W / kKvQ8Block) * kKvQ8BlockBytes;
-    const int8_t* q = reinterpret_cast<const int8_t*>(blk + 2) + (c * V::W) % kKvQ8Block;
-    return V::Mul(V::LoadQ8(q), V::Set1(Q8Scale(blk)));
+    return LoadQ8Elements<V>(p, c * V::W);
   } else if constexpr (DT == KvDtype::kF16) {
     return V::LoadF16(reinterpret_cast<const uint16_t*>(p) + c * V::W);
   } else {
@@ -285,8 +281,7 @@ void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* 
   using T = typename V::T;
   constexpr int W = V::W, D = DV * W, kT = kDecodeTile, kTV = kT / W;
   static_assert(kT % W == 0);
-  constexpr size_t kRowBytes = DT == KvDtype::kQ8_0 ? size_t{D / kKvQ8Block} * kKvQ8BlockBytes
-                                                    : size_t{D} * (DT == KvDtype::kF32 ? 4 : 2);
+  constexpr size_t kRowBytes = KvRowBytes(DT, D);
   T acc[RB][DV];
   float mr[RB], lr[RB];
   int64_t last = limit[0];

@@ -25,13 +25,9 @@ namespace {
 
 class CpuMatrix final : public PreparedMatrix {
  public:
-  struct Part {
-    QuantMatrix q;
-    int64_t row_begin;
-    std::vector<float> col_scale;  // [k] input-column scales (folded norm weight); empty: none
-  };
-  std::vector<Part> parts;
-  std::vector<QuantPart> quant_parts;  // parts' matrices and output columns, for QuantGemm
+  std::vector<QuantPart> parts;  // stacked along n: part p is output rows [col, col + q.n)
+  // Per part, [k] input-column scales (folded norm weight); empty: none.
+  std::vector<std::vector<float>> col_scales;
   int64_t n_ = 0, k_ = 0;
   GemmPrecision precision = GemmPrecision::kF32;
   mutable std::once_flag gemm_once;
@@ -46,7 +42,7 @@ class CpuMatrix final : public PreparedMatrix {
   size_t resident_bytes() const override {
     size_t b = 0;
     if (!gemm_only) {
-      for (const Part& p : parts) b += p.q.row_bytes * p.q.n;
+      for (const QuantPart& p : parts) b += p.q.row_bytes * p.q.n;
     }
     if (gemm) b += gemm->packed_bytes();
     return b;
@@ -57,14 +53,16 @@ class CpuMatrix final : public PreparedMatrix {
     std::call_once(gemm_once, [this] {
       std::vector<float> w(static_cast<size_t>(n_) * k_);
       ParallelFor(n_, [&](int64_t r0, int64_t r1) {
-        for (const Part& p : parts) {
-          const int64_t end = std::min(r1, p.row_begin + p.q.n);
-          for (int64_t r = std::max(r0, p.row_begin); r < end; ++r) {
+        for (size_t pi = 0; pi < parts.size(); ++pi) {
+          const QuantPart& p = parts[pi];
+          const std::vector<float>& scale = col_scales[pi];
+          const int64_t end = std::min(r1, p.col + p.q.n);
+          for (int64_t r = std::max(r0, p.col); r < end; ++r) {
             const auto* src = static_cast<const uint8_t*>(p.q.data);
             float* row = w.data() + r * k_;
-            DequantizeRow(p.q.type, src + (r - p.row_begin) * p.q.row_bytes, row, k_);
-            if (!p.col_scale.empty()) {
-              for (int64_t j = 0; j < k_; ++j) row[j] *= p.col_scale[j];
+            DequantizeRow(p.q.type, src + (r - p.col) * p.q.row_bytes, row, k_);
+            if (!scale.empty()) {
+              for (int64_t j = 0; j < k_; ++j) row[j] *= scale[j];
             }
           }
         }
@@ -203,7 +201,7 @@ class CpuBackend final : public Backend {
       ASSIGN_OR_RETURN(size_t row_bytes, RowBytes(t->type, t->cols()));
       QuantMatrix q{t->type, t->data, t->rows(), t->cols(), static_cast<int64_t>(row_bytes)};
       m->parts.push_back({q, m->n_});
-      m->quant_parts.push_back({q, m->n_});
+      m->col_scales.emplace_back();
       m->n_ += t->rows();
     }
     return std::unique_ptr<PreparedMatrix>(std::move(m));
@@ -219,7 +217,7 @@ class CpuBackend final : public Backend {
     auto* m = static_cast<CpuMatrix*>(pm.get());
     for (size_t i = 0; i < parts.size(); ++i) {
       if (col_scales[i] == nullptr) return absl::InvalidArgumentError("scaled matrix: null scale");
-      m->parts[i].col_scale.assign(col_scales[i], col_scales[i] + m->k_);
+      m->col_scales[i].assign(col_scales[i], col_scales[i] + m->k_);
     }
     m->gemm_only = true;
     // Always prepared now: the GEMM form is the only form it has.
@@ -270,8 +268,8 @@ class CpuBackend final : public Backend {
       constexpr int kSlab = 64;
       for (int i0 = 0; i0 < m; i0 += kSlab) {
         const int mi = std::min(kSlab, m - i0);
-        QuantGemm(w.quant_parts, x + int64_t{i0} * ldx, mi, ldx, y + int64_t{i0} * ldy, ldy,
-                  opts_.gemv, accumulate);
+        QuantGemm(w.parts, x + int64_t{i0} * ldx, mi, ldx, y + int64_t{i0} * ldy, ldy, opts_.gemv,
+                  accumulate);
       }
       return;
     }
