@@ -26,7 +26,7 @@
 
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
-ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | auto");
+ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(int, batch_invariant, -1, "batch-invariant kernels: 1, 0, -1 = on for fp32 only");
 ABSL_FLAG(std::string, concurrency, "1,4,16,64", "concurrent requests per run");

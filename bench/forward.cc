@@ -18,7 +18,7 @@
 
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
-ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | auto");
+ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(std::string, lengths, "128,512,2048", "prompt lengths");
 ABSL_FLAG(int, decode_tokens, 128, "greedy tokens decoded after each prompt");

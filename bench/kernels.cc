@@ -166,7 +166,10 @@ double ReadBandwidth(const std::vector<BenchMatrix>& mats) {
 }
 
 const char* ModeName(GemvMode mode) {
-  return mode == GemvMode::kF32 ? "f32" : mode == GemvMode::kInt8 ? "int8" : "bf16";
+  return mode == GemvMode::kF32     ? "f32"
+         : mode == GemvMode::kInt8  ? "int8"
+         : mode == GemvMode::kInt16 ? "int16"
+                                    : "bf16";
 }
 
 // (a) one matrix called repeatedly (it stays in L2/L3), (b) the decode pass: every matrix of
@@ -219,7 +222,7 @@ void BenchGemv() {
   std::printf("| matrix | mode | isa | m | threads | us best | us median | GB/s (best) |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|\n");
   for (const BenchMatrix& s : single) {
-    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kBf16}) {
+    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
       for (IsaLevel isa : isas) {
         SetIsaCap(isa);
         for (int m : ms) {
@@ -242,7 +245,7 @@ void BenchGemv() {
   std::printf(
       "| mode | isa | m | threads | ms best | ms median | GB/s (best) | passes/s (best) |\n");
   std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
-  for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kBf16}) {
+  for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
     for (IsaLevel isa : isas) {
       SetIsaCap(isa);
       for (int m : ms) {

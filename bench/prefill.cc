@@ -27,7 +27,7 @@
 
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
-ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | auto");
+ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, lengths, "128,512,1024,2048,4096", "prompt lengths");
 ABSL_FLAG(std::string, ratio, "1/3", "POP pruning ratio");
 ABSL_FLAG(int, reps, 3, "interleaved repetitions (best is reported)");

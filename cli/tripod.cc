@@ -45,8 +45,8 @@ ABSL_FLAG(uint64_t, seed, 0, "random seed");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(bool, stats, false, "print prefill and decode tokens/s to stderr");
 ABSL_FLAG(std::string, precision, "auto",
-          "fp32 (exact path) | bf16 | int8 (reduced precision) | auto (bf16 if the CPU has it, "
-          "else int8)");
+          "fp32 (exact path) | bf16 | int16 | int8 (reduced precision) | auto (bf16 GEMMs if the "
+          "CPU has them, int16 GEMVs for 1-3 rows)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(int, chunk, 1024, "prefill chunk size in tokens (1 = token by token)");

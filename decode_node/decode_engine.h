@@ -35,7 +35,7 @@ namespace tripod {
 
 struct DecodeEngineOptions {
   std::string model_path;          // empty: BundledModelPath()
-  std::string precision = "auto";  // fp32 | bf16 | int8 | auto (CpuOptionsForPrecision)
+  std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision)
   // KV element type: auto (the precision's: f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0.
   std::string kv_cache_dtype = "auto";
   // Batch-invariant kernels (exact tokens under batching); -1: on for "fp32" only.

@@ -22,7 +22,7 @@ namespace tripod {
 
 struct PrefillOptions {
   std::string model_path;          // empty: BundledModelPath()
-  std::string precision = "auto";  // fp32 | bf16 | int8 | auto (CpuOptionsForPrecision)
+  std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision)
   PopConfig pop;
   int chunk = 1024;      // prompt tokens per forward, so that long prompts fit
   bool stack_kv = true;  // the skipped layers' K/V as one GEMM (false: one per layer)

@@ -4,8 +4,9 @@
 Text: Debian's license texts from /usr/share/common-licenses (GPL-3, Apache-2.0, MPL-2.0,
 LGPL-2.1; package base-files), tokenized with the GGUF's own vocabulary through Hugging Face
 `tokenizers`, cut into 5 windows of 2048 tokens. For every position of every window, `tripod
-logits --all` in each precision; the top-1 tokens must agree at >= 99% of positions (>= 97% for
-the opt-in q8_0 KV cache). The fp32
+logits --all` in each precision (and `auto` prefilled 3 tokens at a time, which takes the
+decode-sized GEMVs); the top-1 tokens must agree at >= 99% of positions (>= 97% for the opt-in
+q8_0 KV cache). The fp32
 path's mean NLL of the text is checked too, so that two equally broken paths cannot agree.
 """
 
@@ -44,11 +45,14 @@ def main():
   ids = prompts.corpus_ids(model, WINDOWS * WINDOW + 1)
   vocab = len(ref_tokenizer.load(model)[1]["tokens"])
   # The reduced paths that claim the bar: "auto" (the default: bf16 GEMMs where the CPU has
-  # them, f16 KV) and "bf16" where the CPU can run it (else noted). The opt-in "int8" path does
-  # not claim it (see test_forward_reference.py).
-  # (label, precision, KV cache type, bar)
-  modes = [("auto", "auto", None, MIN_AGREEMENT), ("bf16", "bf16", None, MIN_AGREEMENT),
-           ("auto+q8_0 kv", "auto", "q8_0", MIN_AGREEMENT_Q8KV)]
+  # them, f16 KV), "auto" fed 3 tokens at a time (every matrix through the decode-sized GEMVs:
+  # int16 activations below 4 rows) and "bf16" where the CPU can run it (else noted). The
+  # opt-in "int8" path does not claim it (see test_forward_reference.py).
+  # (label, precision, prefill chunk, KV cache type, bar)
+  modes = [("auto", "auto", None, None, MIN_AGREEMENT),
+           ("auto chunk 3", "auto", 3, None, MIN_AGREEMENT),
+           ("bf16", "bf16", None, None, MIN_AGREEMENT),
+           ("auto+q8_0 kv", "auto", None, "q8_0", MIN_AGREEMENT_Q8KV)]
   try:
     H.cpp_logits(ids[:8], "bf16", vocab)
   except H.Unsupported as e:
@@ -68,8 +72,8 @@ def main():
     nll32 = mean_nll(fp32, targets)
     del fp32
     row = [f"{w * WINDOW}..{(w + 1) * WINDOW - 1}", WINDOW, f"{nll32:.3f}"]
-    for mode, precision, kv, _ in modes:
-      logits = H.cpp_logits(window, precision, vocab, all_positions=True, kv=kv)
+    for mode, precision, chunk, kv, _ in modes:
+      logits = H.cpp_logits(window, precision, vocab, chunk=chunk, all_positions=True, kv=kv)
       a = int(np.sum(logits.argmax(axis=-1) == top32))
       n = mean_nll(logits, targets)
       del logits
@@ -80,17 +84,17 @@ def main():
     nll32_sum += nll32 * WINDOW
     rows.append(tuple(row + [f"{time.time() - t0:.1f}"]))
   total = ["all", positions, f"{nll32_sum / positions:.3f}"]
-  for mode, _, _, _ in modes:
+  for mode, _, _, _, _ in modes:
     total += [f"{agree[mode] / positions:.4f}", f"{nll[mode] / positions:.3f}"]
   rows.append(tuple(total + [""]))
   print(f"text: {', '.join(prompts.CORPUS_FILES)} from {prompts.LICENSE_DIR}")
   header = ["window", "positions", "fp32 NLL"]
-  for mode, _, _, _ in modes:
+  for mode, _, _, _, _ in modes:
     header += [f"{mode} top1=fp32", f"{mode} NLL"]
   H.print_table(tuple(header + ["s"]), rows)
   nll32 = nll32_sum / positions
   assert nll32 <= MAX_FP32_NLL, f"fp32 mean NLL {nll32:.3f} > {MAX_FP32_NLL}: logits look wrong"
-  for mode, _, _, bar in modes:
+  for mode, _, _, _, bar in modes:
     rate = agree[mode] / positions
     print(f"{mode} vs fp32 top-1 agreement: {rate * 100:.2f}% of {positions} positions")
     assert rate >= bar, f"{mode}/fp32 top-1 agreement {rate:.4f} < {bar}"

@@ -13,6 +13,7 @@ namespace tripod {
 struct CpuBackendOptions {
   GemmPrecision gemm = GemmPrecision::kF32;  // prefill GEMMs
   GemvMode gemv = GemvMode::kF32;            // decode GEMVs
+  GemvMode gemv_few_rows = GemvMode::kF32;   // ... of fewer than kBf16MinRows rows
   int gemv_max_rows = 16;      // Linear with at most this many rows uses QuantGemm, more: oneDNN
   KvDtype kv = KvDtype::kF32;  // what callers should store K/V as
   // Prepack GEMM weights when a matrix is prepared, rather than on its first large batch, so
@@ -30,8 +31,10 @@ struct CpuBackendOptions {
 //  "bf16": bf16 prefill GEMMs (AMX / AVX512_BF16 only), bf16 decode GEMVs where the CPU has
 //          AVX512_BF16 (else fp32), f16 KV;
 //  "int8": fp32 prefill GEMMs, int8-activation decode GEMVs, f16 KV;
-//  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware, bf16 GEMVs where it has
-//          AVX512_BF16 (else fp32), f16 KV.
+//  "int16": fp32 prefill GEMMs, int16-activation decode GEMVs, f16 KV;
+//  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware; decode GEMVs of 1-3 rows with
+//          int16 activations, of more rows in bf16 where the CPU has AVX512_BF16 (else int16);
+//          f16 KV.
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision);
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -129,6 +129,26 @@ void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, f
   }
 }
 
+void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale) {
+  const int64_t nb = k / 32;
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * ldx + b * 32;
+      float amax = 0.0f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
+      int16_t* qb = q + i * k + b * 32;
+      for (int j = 0; j < 32; ++j) {
+        const float p = xb[j] * inv;
+        const int v = p >= -2147483648.0f && p < 2147483648.0f ? static_cast<int>(std::nearbyint(p))
+                                                               : std::numeric_limits<int>::min();
+        qb[j] = static_cast<int16_t>(std::clamp(v, -32767, 32767));
+      }
+      scale[i * nb + b] = amax / 32767.0f;
+    }
+  }
+}
+
 void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
   const int64_t nb = k / 32;
   for (int i = 0; i < m; ++i) {
@@ -191,6 +211,39 @@ bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, in
   return true;
 }
 
+bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+               int64_t j1) {
+  if (w.type != GgmlType::kQ4_0 && w.type != GgmlType::kQ4_1 && w.type != GgmlType::kQ8_0) {
+    return false;
+  }
+  const int bytes = w.type == GgmlType::kQ4_0 ? 18 : w.type == GgmlType::kQ4_1 ? 20 : 34;
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = base + j * w.row_bytes;
+    for (int i = 0; i < xa.m; ++i) {
+      const int16_t* xq = xa.q + i * xa.k;
+      float s = 0.0f;
+      for (int64_t b = 0; b < xa.nb; ++b) {
+        const uint8_t* blk = row + b * bytes;
+        const int16_t* xb = xq + b * 32;
+        const float dw = HalfBits(blk);
+        int64_t dot = 0;
+        if (w.type == GgmlType::kQ8_0) {
+          for (int t = 0; t < 32; ++t) dot += static_cast<int8_t>(blk[2 + t]) * xb[t];
+        } else {
+          const uint8_t* qs = blk + bytes - 16;
+          for (int t = 0; t < 16; ++t) dot += (qs[t] & 0x0f) * xb[t] + (qs[t] >> 4) * xb[t + 16];
+          const float side = w.type == GgmlType::kQ4_1 ? HalfBits(blk + 2) : -8.0f * dw;
+          s += side * xa.bsum[i * xa.nb + b];
+        }
+        s += dw * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
+      }
+      y[i * ldy + j] = s;
+    }
+  }
+  return true;
+}
+
 }  // namespace scalar
 }  // namespace qgemv
 
@@ -232,7 +285,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   const int64_t k = parts[0].q.k;
   const int64_t nb = k / 32;
   // How each part runs: the kernel family follows its weight type.
-  enum class Path : uint8_t { kInvalid, kBf16, kInt8, kF32 };
+  enum class Path : uint8_t { kInvalid, kBf16, kInt8, kInt16, kF32 };
   constexpr int kMaxParts = 8;
   if (parts.size() > kMaxParts) {
     for (size_t p0 = 0; p0 < parts.size(); p0 += kMaxParts) {
@@ -242,7 +295,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     return;
   }
   Path path[kMaxParts];
-  bool need_bf16 = false, need_int8 = false, need_bsum = false;
+  bool need_bf16 = false, need_int8 = false, need_int16 = false, need_bsum = false;
   for (size_t p = 0; p < parts.size(); ++p) {
     const QuantMatrix& w = parts[p].q;
     if (w.n <= 0) {
@@ -269,6 +322,10 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     } else if (mode == GemvMode::kInt8 && block_type) {
       path[p] = Path::kInt8;
       need_int8 = true;
+    } else if (mode == GemvMode::kInt16 && block_type) {
+      path[p] = Path::kInt16;
+      need_int16 = true;
+      need_bsum |= q4;
     } else {
       path[p] = Path::kF32;
       need_bsum |= q4 && isa >= IsaLevel::kAvx2;
@@ -278,9 +335,11 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   // x prepared once per call (m * k values) by the calling thread, shared by all threads and
   // parts.
   thread_local std::vector<int8_t> xq;
+  thread_local std::vector<int16_t> xq16;
   thread_local std::vector<float> xs, xsum, bsum;
   thread_local std::vector<uint16_t> xb;
   qgemv::Int8Act xa8;
+  qgemv::Int16Act xa16;
   qgemv::Bf16Act xab;
   qgemv::F32Act xa{x, ldx, nullptr, m, k, nb};
   if (need_bf16) {
@@ -302,13 +361,28 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     xa8 = {xq.data(), xs.data(), xsum.data(), m, k, nb};
   }
   if (need_bsum) {
-    bsum.resize(static_cast<size_t>(m) * nb);
+    // 8 zero floats past the end (the kernels' whole groups of 8 block sums).
+    bsum.assign(static_cast<size_t>(m) * nb + 8, 0.0f);
     if (isa >= IsaLevel::kAvx512) {
       qgemv::avx512::BlockSums(x, m, ldx, k, bsum.data());
-    } else {
+    } else if (isa >= IsaLevel::kAvx2) {
       qgemv::avx2::BlockSums(x, m, ldx, k, bsum.data());
+    } else {
+      qgemv::scalar::BlockSums(x, m, ldx, k, bsum.data());
     }
     xa.bsum = bsum.data();
+  }
+  if (need_int16) {
+    xq16.resize(static_cast<size_t>(m) * k);
+    xs.assign(static_cast<size_t>(m) * nb + 8, 0.0f);
+    if (isa >= IsaLevel::kAvx512) {
+      qgemv::avx512::QuantizeActInt16(x, m, ldx, k, xq16.data(), xs.data());
+    } else if (isa >= IsaLevel::kAvx2) {
+      qgemv::avx2::QuantizeActInt16(x, m, ldx, k, xq16.data(), xs.data());
+    } else {
+      qgemv::scalar::QuantizeActInt16(x, m, ldx, k, xq16.data(), xs.data());
+    }
+    xa16 = {xq16.data(), xs.data(), need_bsum ? bsum.data() : nullptr, m, k, nb};
   }
   // With accumulate the kernels write a scratch [m][n_total], which the same work unit then
   // adds into y.
@@ -349,6 +423,11 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
         if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa8, yp, ldo, j0, j1)) return;
         if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa8, yp, ldo, j0, j1)) return;
         qgemv::scalar::RowsInt8(w, xa8, yp, ldo, j0, j1);
+        return;
+      case Path::kInt16:
+        if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt16(w, xa16, yp, ldo, j0, j1)) return;
+        if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt16(w, xa16, yp, ldo, j0, j1)) return;
+        qgemv::scalar::RowsInt16(w, xa16, yp, ldo, j0, j1);
         return;
       default:
         break;

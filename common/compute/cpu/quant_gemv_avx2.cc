@@ -12,6 +12,9 @@ struct Isa {
   static inline __m256i DotU8S8(__m256i u8, __m256i s8) {
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), _mm256_set1_epi16(1));
   }
+  static inline __m256i DotS16x2(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
+    return _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1));
+  }
   // 16 ymm registers: 4 weight rows per group, 8 accumulators at most (measured on Zen 3).
   static constexpr int kRowsOuter = 4;
   static constexpr int kAccumulators = 8;
@@ -41,6 +44,15 @@ bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int6
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1) {
   return RowsInt8Impl<Isa>(w, xa, y, ldy, j0, j1);
+}
+
+void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale) {
+  QuantizeActInt16Impl(x, m, ldx, k, q, scale);
+}
+
+bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+               int64_t j1) {
+  return RowsInt16Impl<Isa>(w, xa, y, ldy, j0, j1);
 }
 
 }  // namespace tripod::qgemv::avx2

@@ -34,6 +34,18 @@ struct Int8Act {
   int64_t nb = 0;
 };
 
+// x quantised for the int16 path: row i has k int16 values at q + i * k; per 32-element block
+// b, scale[i * nb + b] = d_x, and bsum[i * nb + b] the exact fp32 sum of the block's x values (as
+// F32Act's). scale and bsum are followed by 8 zero floats, as bsum above.
+struct Int16Act {
+  const int16_t* q = nullptr;
+  const float* scale = nullptr;
+  const float* bsum = nullptr;
+  int m = 0;
+  int64_t k = 0;
+  int64_t nb = 0;
+};
+
 // x rounded to bf16 for the bf16 path: row i has k values at x + i * k (nb = k / 32 blocks).
 struct Bf16Act {
   const uint16_t* x = nullptr;
@@ -43,12 +55,14 @@ struct Bf16Act {
 };
 
 // Per ISA (scalar is the reference the vector files must match):
-//  QuantizeActInt8: m rows of k floats (k a multiple of 32) into the buffers of an Int8Act. The
-//    vector versions give bit-identical results to the scalar one.
+//  QuantizeActInt8 / QuantizeActInt16: m rows of k floats (k a multiple of 32) into the buffers
+//    of an Int8Act / the q and scale of an Int16Act. The vector versions give bit-identical
+//    results to the scalar one.
 //  BlockSums: the F32Act block sums of m rows (k a multiple of 32), m * (k / 32) floats.
-//  RowsF32 / RowsInt8: output rows [j0, j1) of y = x * W^T. F32 kernels take any supported type
-//    (scalar: every type DequantizeRow knows); Int8 kernels take Q4_0, Q4_1 and Q8_0 only. Each
-//    returns false if it does not handle w.type.
+//  RowsF32 / RowsInt8 / RowsInt16: output rows [j0, j1) of y = x * W^T. F32 kernels take any
+//    supported type (scalar: every type DequantizeRow knows); Int8 and Int16 kernels take Q4_0,
+//    Q4_1 and Q8_0 only. Each returns false if it does not handle w.type. The AVX2 and AVX-512
+//    Int16 kernels give the same bits (exact integer dots, the same fp32 steps).
 namespace scalar {
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum);
@@ -56,6 +70,9 @@ void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
 bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
+void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale);
+bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+               int64_t j1);
 }  // namespace scalar
 namespace avx2 {
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
@@ -64,6 +81,9 @@ void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
 bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
+void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale);
+bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+               int64_t j1);
 }  // namespace avx2
 namespace avx512 {
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
@@ -72,6 +92,9 @@ void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
 bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1);
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
+void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale);
+bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+               int64_t j1);
 // The bf16 path (quant_gemv_bf16_avx512.cc; AVX512_BF16 only): m rows of k floats rounded to
 // bf16 (nearest even; subnormals flush to zero), and output rows [j0, j1) for Q4_0, Q4_1 and
 // Q8_0 weights (false for other types).

@@ -3,9 +3,12 @@
 // files, after defining `struct Isa` with
 //   static __m256i DotU8S8(__m256i u8, __m256i s8): per-32-bit-lane sums of four u8 x s8
 //     products;
+//   static __m256i DotS16x2(__m256i a0, __m256i b0, __m256i a1, __m256i b1): per-32-bit-lane
+//     sums of the two s16 x s16 products of a0 * b0 and of a1 * b1 (exact: no operand is
+//     -32768);
 //   static constexpr int kRowsOuter: weight rows per outer step (a power of two, <= 8);
 //   static constexpr int kAccumulators, kAccumulatorsF32: vector accumulators a row group may
-//     hold in the int8 / fp32 kernels.
+//     hold in the integer (int8, int16) / fp32 kernels.
 // Everything here has internal linkage so that no copy compiled for a wider ISA can be picked by
 // the linker for another file.
 //
@@ -147,14 +150,21 @@ inline void PrefetchAhead(const uint8_t* row0, int64_t b) {
   if constexpr (R * kB > 64) _mm_prefetch(p + 64, _MM_HINT_T0);
 }
 
+// How a block kernel multiplies: fp32 x against the weights' integer values, or x quantised to
+// int8 / int16 with integer dot products.
+enum class Dot { kF32, kInt8, kInt16 };
+
 // Rows per group for MG x rows: as many as the accumulator budget allows, a power of two that
-// divides kRowsOuter. At 3-4 x rows the fp32 kernels keep 12-16 x vectors live, so their budget
-// halves there (measured on Zen 3: one row at 4 x rows is ~10 % faster than two, which spill).
-template <class Isa, bool kInt8, int MG>
+// divides kRowsOuter. At 3-4 x rows the fp32 and int16 kernels keep 8-16 x vectors live, so
+// their budget halves there (measured on Zen 3: one row at 4 x rows is ~10 % faster than two,
+// which spill).
+template <class Isa, Dot D, int MG>
 constexpr int RowsPerGroup() {
   int r = Isa::kRowsOuter;
-  const int budget =
-      kInt8 ? Isa::kAccumulators : (MG <= 2 ? Isa::kAccumulatorsF32 : Isa::kAccumulatorsF32 / 2);
+  const int budget = D == Dot::kInt8 ? Isa::kAccumulators
+                     : D == Dot::kInt16
+                         ? (MG <= 2 ? Isa::kAccumulators : Isa::kAccumulators / 2)
+                         : (MG <= 2 ? Isa::kAccumulatorsF32 : Isa::kAccumulatorsF32 / 2);
   while (r > 1 && r * MG > budget) r /= 2;
   return r;
 }
@@ -323,10 +333,84 @@ inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, 
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-template <class Isa, GgmlType T, bool kInt8, int R, int MG, class Act>
+// R consecutive weight rows against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0):
+// per block, the exact integer dot of the weights' values with x's int16 values (two 16-pair
+// steps), converted once and scaled by d_w * d_x; Q4_1's minimum (Q4_0's -8 d) multiplies x's
+// fp32 block sums, 8 blocks per FMA as in fp32 mode.
+template <class Isa, GgmlType T, int R, int MG>
+inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int i0, float* y,
+                       int64_t ldy) {
+  constexpr int kB = kBlockBytes<T>;
+  const int64_t nb = xa.nb;
+  __m256 acc[R][MG];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int i = 0; i < MG; ++i) acc[r][i] = _mm256_setzero_ps();
+  alignas(32) float sc[R][MG][kChunk];
+  const int16_t* xq = xa.q + i0 * xa.k;
+  const float* xs = xa.scale + i0 * nb;
+  const float* bsum = T == GgmlType::kQ8_0 ? nullptr : xa.bsum + i0 * nb;
+  const __m256i nibble = _mm256_set1_epi16(0x0f);
+  for (int64_t c0 = 0; c0 < nb; c0 += kChunk) {
+    const int nc = static_cast<int>(std::min<int64_t>(kChunk, nb - c0));
+    for (int g = 0; g < nc; g += 8) {
+      const int cnt = std::min(8, nc - g);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        __m256 d, mn;
+        Scales8<T>(row0 + r * rb + (c0 + g) * kB, cnt, &d, &mn);
+        if constexpr (T == GgmlType::kQ4_0) mn = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
+#pragma GCC unroll 4
+        for (int i = 0; i < MG; ++i) {
+          const int64_t o = i * nb + c0 + g;
+          _mm256_store_ps(&sc[r][i][g], _mm256_mul_ps(d, LoadUpTo8(xs + o, cnt)));
+          if constexpr (T != GgmlType::kQ8_0) {
+            acc[r][i] = _mm256_fmadd_ps(mn, LoadUpTo8(bsum + o, cnt), acc[r][i]);
+          }
+        }
+      }
+    }
+    for (int b = 0; b < nc; ++b) {
+      PrefetchAhead<R, kB>(row0, c0 + b);
+      __m256i xl[MG], xh[MG];  // x's elements 0-15 and 16-31
+#pragma GCC unroll 4
+      for (int i = 0; i < MG; ++i) {
+        const int16_t* xb = xq + i * xa.k + (c0 + b) * 32;
+        xl[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
+        xh[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
+      }
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = row0 + r * rb + (c0 + b) * kB;
+        __m256i lo, hi;  // the block's integer weights, elements 0-15 and 16-31, as int16
+        if constexpr (T == GgmlType::kQ8_0) {
+          lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+          hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)));
+        } else {
+          const __m256i a = _mm256_cvtepu8_epi16(
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kB - 16)));
+          lo = _mm256_and_si256(a, nibble);
+          hi = _mm256_srli_epi16(a, 4);
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < MG; ++i) {
+          const __m256i dot = Isa::DotS16x2(lo, xl[i], hi, xh[i]);
+          acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&sc[r][i][b]),
+                                      acc[r][i]);
+        }
+      }
+    }
+  }
+  StoreSums<R, MG>(acc, y, ldy);
+}
+
+template <class Isa, GgmlType T, Dot D, int R, int MG, class Act>
 inline void Group(const uint8_t* row0, int64_t rb, const Act& xa, int i0, float* y, int64_t ldy) {
-  if constexpr (kInt8) {
+  if constexpr (D == Dot::kInt8) {
     GroupInt8<Isa, T, R, MG>(row0, rb, xa, i0, y, ldy);
+  } else if constexpr (D == Dot::kInt16) {
+    GroupInt16<Isa, T, R, MG>(row0, rb, xa, i0, y, ldy);
   } else {
     GroupF32<T, R, MG>(row0, rb, xa, i0, y, ldy);
   }
@@ -334,32 +418,32 @@ inline void Group(const uint8_t* row0, int64_t rb, const Act& xa, int i0, float*
 
 // Rows R0 .. R0 + RN - 1 of one outer step against every x row, in x-row groups of up to 4 (the
 // weight rows stay in L1 between x-row groups).
-template <class Isa, GgmlType T, bool kInt8, int RN, class Act>
+template <class Isa, GgmlType T, Dot D, int RN, class Act>
 inline void OuterStep(const uint8_t* row0, int64_t rb, const Act& xa, float* y, int64_t ldy) {
-  constexpr int R4 = std::min(RN, RowsPerGroup<Isa, kInt8, 4>());
-  constexpr int R3 = std::min(RN, RowsPerGroup<Isa, kInt8, 3>());
-  constexpr int R2 = std::min(RN, RowsPerGroup<Isa, kInt8, 2>());
-  constexpr int R1 = std::min(RN, RowsPerGroup<Isa, kInt8, 1>());
+  constexpr int R4 = std::min(RN, RowsPerGroup<Isa, D, 4>());
+  constexpr int R3 = std::min(RN, RowsPerGroup<Isa, D, 3>());
+  constexpr int R2 = std::min(RN, RowsPerGroup<Isa, D, 2>());
+  constexpr int R1 = std::min(RN, RowsPerGroup<Isa, D, 1>());
   int i = 0;
   for (; i + 4 <= xa.m; i += 4) {
     for (int r = 0; r < RN; r += R4) {
-      Group<Isa, T, kInt8, R4, 4>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+      Group<Isa, T, D, R4, 4>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
     }
   }
   switch (xa.m - i) {
     case 3:
       for (int r = 0; r < RN; r += R3) {
-        Group<Isa, T, kInt8, R3, 3>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+        Group<Isa, T, D, R3, 3>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
       }
       break;
     case 2:
       for (int r = 0; r < RN; r += R2) {
-        Group<Isa, T, kInt8, R2, 2>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+        Group<Isa, T, D, R2, 2>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
       }
       break;
     case 1:
       for (int r = 0; r < RN; r += R1) {
-        Group<Isa, T, kInt8, R1, 1>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+        Group<Isa, T, D, R1, 1>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
       }
       break;
     default:
@@ -367,7 +451,7 @@ inline void OuterStep(const uint8_t* row0, int64_t rb, const Act& xa, float* y, 
   }
 }
 
-template <class Isa, GgmlType T, bool kInt8, class Act>
+template <class Isa, GgmlType T, Dot D, class Act>
 void RowsBlockT(const QuantMatrix& w, const Act& xa, float* y, int64_t ldy, int64_t j0,
                 int64_t j1) {
   static_assert(Isa::kRowsOuter >= 1 && Isa::kRowsOuter <= 8 &&
@@ -376,9 +460,9 @@ void RowsBlockT(const QuantMatrix& w, const Act& xa, float* y, int64_t ldy, int6
   const int64_t rb = w.row_bytes;
   int64_t j = j0;
   for (; j + Isa::kRowsOuter <= j1; j += Isa::kRowsOuter) {
-    OuterStep<Isa, T, kInt8, Isa::kRowsOuter>(base + j * rb, rb, xa, y + j, ldy);
+    OuterStep<Isa, T, D, Isa::kRowsOuter>(base + j * rb, rb, xa, y + j, ldy);
   }
-  for (; j < j1; ++j) OuterStep<Isa, T, kInt8, 1>(base + j * rb, rb, xa, y + j, ldy);
+  for (; j < j1; ++j) OuterStep<Isa, T, D, 1>(base + j * rb, rb, xa, y + j, ldy);
 }
 
 // ---- fp32 mode for float weight types (F32, F16, BF16): one row against MG x rows. ----
@@ -494,14 +578,14 @@ bool RowsF32Impl(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, 
       return true;
     case GgmlType::kQ4_0:
       if (xa.bsum == nullptr) return false;
-      RowsBlockT<Isa, GgmlType::kQ4_0, false>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_0, Dot::kF32>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ4_1:
       if (xa.bsum == nullptr) return false;
-      RowsBlockT<Isa, GgmlType::kQ4_1, false>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_1, Dot::kF32>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ8_0:
-      RowsBlockT<Isa, GgmlType::kQ8_0, false>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ8_0, Dot::kF32>(w, xa, y, ldy, j0, j1);
       return true;
     default:
       return false;
@@ -513,13 +597,31 @@ bool RowsInt8Impl(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy
                   int64_t j1) {
   switch (w.type) {
     case GgmlType::kQ4_0:
-      RowsBlockT<Isa, GgmlType::kQ4_0, true>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_0, Dot::kInt8>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ4_1:
-      RowsBlockT<Isa, GgmlType::kQ4_1, true>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_1, Dot::kInt8>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ8_0:
-      RowsBlockT<Isa, GgmlType::kQ8_0, true>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ8_0, Dot::kInt8>(w, xa, y, ldy, j0, j1);
+      return true;
+    default:
+      return false;
+  }
+}
+
+template <class Isa>
+bool RowsInt16Impl(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+                   int64_t j1) {
+  switch (w.type) {
+    case GgmlType::kQ4_0:
+      RowsBlockT<Isa, GgmlType::kQ4_0, Dot::kInt16>(w, xa, y, ldy, j0, j1);
+      return true;
+    case GgmlType::kQ4_1:
+      RowsBlockT<Isa, GgmlType::kQ4_1, Dot::kInt16>(w, xa, y, ldy, j0, j1);
+      return true;
+    case GgmlType::kQ8_0:
+      RowsBlockT<Isa, GgmlType::kQ8_0, Dot::kInt16>(w, xa, y, ldy, j0, j1);
       return true;
     default:
       return false;
@@ -573,6 +675,40 @@ inline void QuantizeActInt8Impl(const float* x, int m, int64_t ldx, int64_t k, i
                           _mm256_permutevar8x32_epi32(packed, order));
       scale[i * nb + b] = d;
       sum[i * nb + b] = d * static_cast<float>(s);
+    }
+  }
+}
+
+// Same arithmetic as scalar::QuantizeActInt16 (amax / 32767, round half to even, clamp to
+// +-32767), so the results are bit-identical.
+inline void QuantizeActInt16Impl(const float* x, int m, int64_t ldx, int64_t k, int16_t* q,
+                                 float* scale) {
+  const int64_t nb = k / 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256i lo = _mm256_set1_epi32(-32767), hi = _mm256_set1_epi32(32767);
+  for (int i = 0; i < m; ++i) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * ldx + b * 32;
+      __m256 v[4];
+      for (int p = 0; p < 4; ++p) v[p] = _mm256_loadu_ps(xb + 8 * p);
+      const __m256 mx =
+          _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                        _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+      const float amax = HmaxPs(mx);
+      const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 32767.0f / amax : 0.0f);
+      __m256i qi[4];
+      for (int p = 0; p < 4; ++p) {
+        qi[p] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(v[p], inv)), lo),
+                                 hi);
+      }
+      // packs interleaves 4-element pieces per 128-bit lane; the permutation restores order.
+      int16_t* qb = q + i * k + b * 32;
+      for (int h = 0; h < 2; ++h) {
+        const __m256i packed = _mm256_permute4x64_epi64(
+            _mm256_packs_epi32(qi[2 * h], qi[2 * h + 1]), _MM_SHUFFLE(3, 1, 2, 0));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(qb + 16 * h), packed);
+      }
+      scale[i * nb + b] = amax / 32767.0f;
     }
   }
 }

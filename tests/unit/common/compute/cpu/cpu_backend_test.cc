@@ -2,10 +2,17 @@
 #include "common/compute/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "common/compute/cpu/cpu_features.h"
+#include "common/compute/cpu/quant_gemv.h"
+#include "common/model/gguf.h"
+#include "common/model/quant_types.h"
 #include "gtest/gtest.h"
 
 namespace tripod {
@@ -37,6 +44,77 @@ TEST(CpuBackendTest, SwiGluMatchesDoubleReference) {
       // Below 1e-30 (g < -70) the clamped exponent only moves values that are zero to the model.
       ASSERT_NEAR(got, ref, 1e-6 * std::fabs(ref) + 1e-30) << "g=" << g << " u=" << u;
     }
+  }
+}
+
+}  // namespace
+}  // namespace tripod
+
+namespace tripod {
+namespace {
+
+// The precision names pick the GEMV modes the README's table gives: fp32 exact throughout, int16
+// and int8 for every batch size, auto's int16 below kBf16MinRows rows; an unknown name is refused
+// with the names that exist.
+TEST(CpuBackendTest, PrecisionNamesPickTheirGemvModes) {
+  const CpuBackendOptions fp32 = *CpuOptionsForPrecision("fp32");
+  EXPECT_EQ(fp32.gemv, GemvMode::kF32);
+  EXPECT_EQ(fp32.gemv_few_rows, GemvMode::kF32);
+  EXPECT_EQ(fp32.kv, KvDtype::kF32);
+  const CpuBackendOptions i16 = *CpuOptionsForPrecision("int16");
+  EXPECT_EQ(i16.gemv, GemvMode::kInt16);
+  EXPECT_EQ(i16.gemv_few_rows, GemvMode::kInt16);
+  EXPECT_EQ(i16.gemm, GemmPrecision::kF32);
+  const CpuBackendOptions i8 = *CpuOptionsForPrecision("int8");
+  EXPECT_EQ(i8.gemv_few_rows, GemvMode::kInt8);
+  const CpuBackendOptions aut = *CpuOptionsForPrecision("auto");
+  EXPECT_EQ(aut.gemv_few_rows, GemvMode::kInt16);
+  EXPECT_EQ(aut.gemv, GetCpuFeatures().avx512bf16 ? GemvMode::kBf16 : GemvMode::kInt16);
+  EXPECT_EQ(aut.kv, KvDtype::kF16);
+  const absl::StatusOr<CpuBackendOptions> bad = CpuOptionsForPrecision("int4");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("int16"), std::string::npos) << bad.status();
+}
+
+// A backend's Linear takes the few-rows mode below kBf16MinRows rows and the other mode from
+// there: with fp32 few rows and int8 otherwise, 1-3 rows give QuantGemm's fp32 bits and 4 rows
+// its int8 bits.
+TEST(CpuBackendTest, LinearPicksTheGemvModeByRows) {
+  CpuBackendOptions o;
+  o.gemv = GemvMode::kInt8;
+  o.gemv_few_rows = GemvMode::kF32;
+  o.prepack_at_load = false;
+  std::unique_ptr<Backend> be = MakeCpuBackend(o);
+  const int64_t n = 24, k = 64;
+  std::vector<uint8_t> bytes(n * (k / 32) * 34);
+  std::mt19937 rng(4);
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
+  for (int64_t blk = 0; blk < n * (k / 32); ++blk) {
+    const uint16_t h = Fp32ToFp16(0.02f);
+    std::memcpy(&bytes[blk * 34], &h, 2);
+  }
+  GgufTensorInfo t;
+  t.name = "w";
+  t.type = GgmlType::kQ8_0;
+  t.dims = {k, n};
+  t.data = bytes.data();
+  t.n_elements = n * k;
+  t.n_bytes = bytes.size();
+  const GgufTensorInfo* parts[] = {&t};
+  std::unique_ptr<PreparedMatrix> w = *be->PrepareMatrix(parts);
+  const QuantMatrix q{GgmlType::kQ8_0, bytes.data(), n, k, k / 32 * 34};
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (int m : {1, 3, 4}) {
+    std::vector<float> x(m * k), got(m * n), want(m * n);
+    for (float& v : x) v = nd(rng);
+    be->Linear(*w, x.data(), m, k, got.data(), n, false);
+    QuantGemm(q, x.data(), m, k, want.data(), n,
+              m < kBf16MinRows ? GemvMode::kF32 : GemvMode::kInt8);
+    EXPECT_EQ(got, want) << "m=" << m;
+    std::vector<float> other(m * n);
+    QuantGemm(q, x.data(), m, k, other.data(), n,
+              m < kBf16MinRows ? GemvMode::kInt8 : GemvMode::kF32);
+    EXPECT_NE(got, other) << "m=" << m << ": the two modes should differ";
   }
 }
 

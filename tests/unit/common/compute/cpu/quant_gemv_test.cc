@@ -103,11 +103,14 @@ void CheckAll(const Case& c, GemvMode mode) {
     const int64_t ldx = c.k + 3, ldy = c.n + 5;
     std::vector<float> x(m * ldx);
     for (float& v : x) v = nd(rng);
-    // Int8 mode: the error of quantising x is bounded per block by d_x / 2 * sum |w|.
-    const bool int8 =
-        mode == GemvMode::kInt8 &&
-        (c.type == GgmlType::kQ4_0 || c.type == GgmlType::kQ4_1 || c.type == GgmlType::kQ8_0);
-    std::vector<float> scalar_y;
+    // Int8 / int16 modes: the error of quantising x is bounded per block by d_x / 2 * sum |w|,
+    // d_x = amax / 127 or amax / 32767.
+    const bool block_type =
+        c.type == GgmlType::kQ4_0 || c.type == GgmlType::kQ4_1 || c.type == GgmlType::kQ8_0;
+    const bool int8 = mode == GemvMode::kInt8 && block_type;
+    const bool int16 = mode == GemvMode::kInt16 && block_type;
+    const double levels = int8 ? 127.0 : 32767.0;
+    std::vector<float> scalar_y, avx2_y;
     std::vector<double> mags(m * ldy, 0.0);
     for (IsaLevel isa : Levels()) {
       SetIsaCap(isa);
@@ -125,10 +128,10 @@ void CheckAll(const Case& c, GemvMode mode) {
               amax = std::max(amax, std::fabs(xv));
               wsum += std::fabs(w);
             }
-            qerr += amax / 127.0 / 2.0 * wsum;
+            qerr += amax / levels / 2.0 * wsum;
           }
           mags[i * ldy + j] = mag;
-          const double tol = int8 ? qerr * 1.01 + 1e-5 * mag + 1e-6 : 1e-5 * mag + 1e-6;
+          const double tol = int8 || int16 ? qerr * 1.01 + 1e-5 * mag + 1e-6 : 1e-5 * mag + 1e-6;
           ASSERT_NEAR(y[i * ldy + j], ref, tol)
               << TypeInfo(c.type).name << " isa=" << IsaName(isa) << " m=" << m << " i=" << i
               << " j=" << j << " k=" << c.k;
@@ -136,14 +139,22 @@ void CheckAll(const Case& c, GemvMode mode) {
         // Padding between rows is untouched.
         for (int64_t j = c.n; j < ldy; ++j) ASSERT_EQ(y[i * ldy + j], -7.0f);
       }
-      if (int8) {
-        // Vector int8 paths do the same integer arithmetic as the scalar one.
+      if (int8 || int16) {
+        // Vector int8 / int16 paths do the same integer arithmetic as the scalar one.
         if (isa == IsaLevel::kScalar) {
           scalar_y = y;
         } else {
           for (size_t e = 0; e < y.size(); ++e) {
             ASSERT_NEAR(y[e], scalar_y[e], 1e-5 * mags[e] + 1e-6) << IsaName(isa) << " e=" << e;
           }
+        }
+      }
+      if (int16) {
+        // The AVX2 and AVX-512 int16 kernels: exact integer dots and the same fp32 steps.
+        if (isa == IsaLevel::kAvx2) {
+          avx2_y = y;
+        } else if (isa == IsaLevel::kAvx512) {
+          ASSERT_EQ(y, avx2_y) << TypeInfo(c.type).name << " m=" << m;
         }
       }
     }
@@ -168,6 +179,10 @@ TEST(QuantGemmTest, F32ModeMatchesDoubleReference) {
 
 TEST(QuantGemmTest, Int8ModeWithinQuantisationError) {
   for (const Case& c : kCases) CheckAll(c, GemvMode::kInt8);
+}
+
+TEST(QuantGemmTest, Int16ModeWithinQuantisationError) {
+  for (const Case& c : kCases) CheckAll(c, GemvMode::kInt16);
 }
 
 // bf16 mode: x and the dequantised weights rounded to bf16 (nearest even), products summed in
@@ -262,6 +277,25 @@ TEST(QuantGemmTest, VectorActivationQuantisationIsBitIdentical) {
   }
   EXPECT_EQ(q0[40], 0);
   EXPECT_EQ(q0[k + 64], 127);
+
+  // int16: a block whose values hit exact halves after scaling by 32767 / amax = 1.
+  for (int j = 0; j < 32; ++j) x[2 * ldx + j] = (j == 0) ? 32767.0f : -1000.5f + 2.0f * j;
+  std::vector<int16_t> h0(m * k), h1(m * k);
+  qgemv::scalar::QuantizeActInt16(x.data(), m, ldx, k, h0.data(), s0.data());
+  for (IsaLevel isa : {IsaLevel::kAvx2, IsaLevel::kAvx512}) {
+    if (isa > top) continue;
+    if (isa == IsaLevel::kAvx2) {
+      qgemv::avx2::QuantizeActInt16(x.data(), m, ldx, k, h1.data(), s1.data());
+    } else {
+      qgemv::avx512::QuantizeActInt16(x.data(), m, ldx, k, h1.data(), s1.data());
+    }
+    EXPECT_EQ(h0, h1) << IsaName(isa);
+    EXPECT_EQ(s0, s1) << IsaName(isa);
+  }
+  EXPECT_EQ(h0[40], 0);
+  EXPECT_EQ(h0[2 * k], 32767);
+  EXPECT_EQ(h0[2 * k + 1], -998);  // -998.5 rounds to even
+  EXPECT_EQ(h0[2 * k + 2], -996);  // -996.5 rounds to even
 }
 
 TEST(QuantGemmTest, ZeroActivationsGiveZero) {
@@ -270,8 +304,10 @@ TEST(QuantGemmTest, ZeroActivationsGiveZero) {
   std::vector<float> x(64, 0.0f), y(10, 1.0f);
   for (IsaLevel isa : Levels()) {
     SetIsaCap(isa);
-    QuantGemm(t.m, x.data(), 1, 64, y.data(), 10, GemvMode::kInt8);
-    for (float v : y) EXPECT_EQ(v, 0.0f) << IsaName(isa);
+    for (GemvMode mode : {GemvMode::kInt8, GemvMode::kInt16}) {
+      QuantGemm(t.m, x.data(), 1, 64, y.data(), 10, mode);
+      for (float v : y) EXPECT_EQ(v, 0.0f) << IsaName(isa);
+    }
   }
   SetIsaCap(IsaLevel::kAmx);
 }
@@ -290,7 +326,7 @@ TEST(QuantGemmTest, StackedPartsAndAccumulateEqualSeparateCalls) {
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (IsaLevel isa : Levels()) {
     SetIsaCap(isa);
-    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kBf16}) {
+    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
       for (int m : {1, 3, 5}) {
         const int64_t ldx = k + 1, ldy = n + 2;
         std::vector<float> x(m * ldx), base(m * ldy);
