@@ -54,7 +54,7 @@ struct StepSchedule {
 };
 
 struct SchedulerConfig {
-  int max_tokens_per_step = 512;
+  int max_tokens_per_step = 256;
   int max_running = 128;
   uint64_t plan_key = 0;  // ForwardPlan::KvKey() of the plan the engine runs
 };
