@@ -99,6 +99,14 @@ void DequantRowScalar(GgmlType type, const uint8_t* row, int64_t k, float* out) 
   }
 }
 
+// p rounded half to even and clamped to [-lim, lim]; out-of-range and NaN values give -lim, as
+// the vector conversions (cvtps2dq's 0x80000000, then the clamp) do.
+int RoundClamp(float p, int lim) {
+  const int v = p >= -2147483648.0f && p < 2147483648.0f ? static_cast<int>(std::nearbyint(p))
+                                                         : std::numeric_limits<int>::min();
+  return std::clamp(v, -lim, lim);
+}
+
 }  // namespace
 
 namespace scalar {
@@ -116,11 +124,7 @@ void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, f
       int8_t* qb = q + i * k + b * 32;
       int s = 0;
       for (int j = 0; j < 32; ++j) {
-        // Out-of-range and NaN products clamp to -127, as the vector conversions do.
-        const float p = xb[j] * inv;
-        const int v = p >= -2147483648.0f && p < 2147483648.0f ? static_cast<int>(std::nearbyint(p))
-                                                               : std::numeric_limits<int>::min();
-        qb[j] = static_cast<int8_t>(std::clamp(v, -127, 127));
+        qb[j] = static_cast<int8_t>(RoundClamp(xb[j] * inv, 127));
         s += qb[j];
       }
       scale[i * nb + b] = d;
@@ -139,10 +143,7 @@ void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q,
       const float inv = amax > 0.0f ? 32767.0f / amax : 0.0f;
       int16_t* qb = q + i * k + b * 32;
       for (int j = 0; j < 32; ++j) {
-        const float p = xb[j] * inv;
-        const int v = p >= -2147483648.0f && p < 2147483648.0f ? static_cast<int>(std::nearbyint(p))
-                                                               : std::numeric_limits<int>::min();
-        qb[j] = static_cast<int16_t>(std::clamp(v, -32767, 32767));
+        qb[j] = static_cast<int16_t>(RoundClamp(xb[j] * inv, 32767));
       }
       scale[i * nb + b] = amax / 32767.0f;
     }
@@ -177,8 +178,14 @@ bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int6
   return true;
 }
 
-bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
-              int64_t j1) {
+namespace {
+
+// The int8 and int16 reference: per block, the integer dot of the weights' values with x's
+// quantised values, times d_w * d_x; Q4_1's minimum (Q4_0's -8 d) times side_sum, the x block sums
+// the mode pairs it with (int8: d_x * sum(q_x); int16: the exact fp32 sums).
+template <class Q>
+bool RowsIntRef(const QuantMatrix& w, const Q* q, const float* scale, const float* side_sum, int m,
+                int64_t k, int64_t nb, float* y, int64_t ldy, int64_t j0, int64_t j1) {
   if (w.type != GgmlType::kQ4_0 && w.type != GgmlType::kQ4_1 && w.type != GgmlType::kQ8_0) {
     return false;
   }
@@ -186,23 +193,22 @@ bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, in
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   for (int64_t j = j0; j < j1; ++j) {
     const uint8_t* row = base + j * w.row_bytes;
-    for (int i = 0; i < xa.m; ++i) {
-      const int8_t* xq = xa.q + i * xa.k;
+    for (int i = 0; i < m; ++i) {
       float s = 0.0f;
-      for (int64_t b = 0; b < xa.nb; ++b) {
+      for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = row + b * bytes;
-        const int8_t* xb = xq + b * 32;
+        const Q* xb = q + i * k + b * 32;
         const float dw = HalfBits(blk);
-        int dot = 0;
+        int64_t dot = 0;
         if (w.type == GgmlType::kQ8_0) {
           for (int t = 0; t < 32; ++t) dot += static_cast<int8_t>(blk[2 + t]) * xb[t];
-          s += dw * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
+          s += dw * scale[i * nb + b] * static_cast<float>(dot);
         } else {
           const uint8_t* qs = blk + bytes - 16;
           for (int t = 0; t < 16; ++t) dot += (qs[t] & 0x0f) * xb[t] + (qs[t] >> 4) * xb[t + 16];
-          s += dw * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
+          s += dw * scale[i * nb + b] * static_cast<float>(dot);
           const float side = w.type == GgmlType::kQ4_1 ? HalfBits(blk + 2) : -8.0f * dw;
-          s += side * xa.sum[i * xa.nb + b];
+          s += side * side_sum[i * nb + b];
         }
       }
       y[i * ldy + j] = s;
@@ -211,37 +217,16 @@ bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, in
   return true;
 }
 
+}  // namespace
+
+bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
+              int64_t j1) {
+  return RowsIntRef(w, xa.q, xa.scale, xa.sum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
+}
+
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  if (w.type != GgmlType::kQ4_0 && w.type != GgmlType::kQ4_1 && w.type != GgmlType::kQ8_0) {
-    return false;
-  }
-  const int bytes = w.type == GgmlType::kQ4_0 ? 18 : w.type == GgmlType::kQ4_1 ? 20 : 34;
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* row = base + j * w.row_bytes;
-    for (int i = 0; i < xa.m; ++i) {
-      const int16_t* xq = xa.q + i * xa.k;
-      float s = 0.0f;
-      for (int64_t b = 0; b < xa.nb; ++b) {
-        const uint8_t* blk = row + b * bytes;
-        const int16_t* xb = xq + b * 32;
-        const float dw = HalfBits(blk);
-        int64_t dot = 0;
-        if (w.type == GgmlType::kQ8_0) {
-          for (int t = 0; t < 32; ++t) dot += static_cast<int8_t>(blk[2 + t]) * xb[t];
-        } else {
-          const uint8_t* qs = blk + bytes - 16;
-          for (int t = 0; t < 16; ++t) dot += (qs[t] & 0x0f) * xb[t] + (qs[t] >> 4) * xb[t + 16];
-          const float side = w.type == GgmlType::kQ4_1 ? HalfBits(blk + 2) : -8.0f * dw;
-          s += side * xa.bsum[i * xa.nb + b];
-        }
-        s += dw * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
-      }
-      y[i * ldy + j] = s;
-    }
-  }
-  return true;
+  return RowsIntRef(w, xa.q, xa.scale, xa.bsum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
 }
 
 }  // namespace scalar

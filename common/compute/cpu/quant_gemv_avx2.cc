@@ -43,7 +43,7 @@ bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int6
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1) {
-  return RowsInt8Impl<Isa>(w, xa, y, ldy, j0, j1);
+  return RowsIntImpl<Isa, Dot::kInt8>(w, xa, y, ldy, j0, j1);
 }
 
 void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale) {
@@ -52,7 +52,7 @@ void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q,
 
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  return RowsInt16Impl<Isa>(w, xa, y, ldy, j0, j1);
+  return RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
 }
 
 }  // namespace tripod::qgemv::avx2

@@ -333,7 +333,9 @@ inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, 
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-// R consecutive weight rows against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0):
+// R consecutive weight rows against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0).
+// Its scale tables are built as GroupInt8's, written out again: a shared helper taking the
+// tables and accumulators by reference measured 2-5 % slower (Zen 4, one core).
 // per block, the exact integer dot of the weights' values with x's int16 values (two 16-pair
 // steps), converted once and scaled by d_w * d_x; Q4_1's minimum (Q4_0's -8 d) multiplies x's
 // fp32 block sums, 8 blocks per FMA as in fp32 mode.
@@ -592,36 +594,19 @@ bool RowsF32Impl(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, 
   }
 }
 
-template <class Isa>
-bool RowsInt8Impl(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
-                  int64_t j1) {
+// Int8 and int16 modes: Q4_0, Q4_1 and Q8_0 only.
+template <class Isa, Dot D, class Act>
+bool RowsIntImpl(const QuantMatrix& w, const Act& xa, float* y, int64_t ldy, int64_t j0,
+                 int64_t j1) {
   switch (w.type) {
     case GgmlType::kQ4_0:
-      RowsBlockT<Isa, GgmlType::kQ4_0, Dot::kInt8>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_0, D>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ4_1:
-      RowsBlockT<Isa, GgmlType::kQ4_1, Dot::kInt8>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ4_1, D>(w, xa, y, ldy, j0, j1);
       return true;
     case GgmlType::kQ8_0:
-      RowsBlockT<Isa, GgmlType::kQ8_0, Dot::kInt8>(w, xa, y, ldy, j0, j1);
-      return true;
-    default:
-      return false;
-  }
-}
-
-template <class Isa>
-bool RowsInt16Impl(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
-                   int64_t j1) {
-  switch (w.type) {
-    case GgmlType::kQ4_0:
-      RowsBlockT<Isa, GgmlType::kQ4_0, Dot::kInt16>(w, xa, y, ldy, j0, j1);
-      return true;
-    case GgmlType::kQ4_1:
-      RowsBlockT<Isa, GgmlType::kQ4_1, Dot::kInt16>(w, xa, y, ldy, j0, j1);
-      return true;
-    case GgmlType::kQ8_0:
-      RowsBlockT<Isa, GgmlType::kQ8_0, Dot::kInt16>(w, xa, y, ldy, j0, j1);
+      RowsBlockT<Isa, GgmlType::kQ8_0, D>(w, xa, y, ldy, j0, j1);
       return true;
     default:
       return false;
