@@ -164,13 +164,6 @@ double ReadBandwidth(const std::vector<BenchMatrix>& mats) {
   return total / t.best / 1e9;
 }
 
-const char* ModeName(GemvMode mode) {
-  return mode == GemvMode::kF32     ? "f32"
-         : mode == GemvMode::kInt8  ? "int8"
-         : mode == GemvMode::kInt16 ? "int16"
-                                    : "bf16";
-}
-
 // (a) one matrix called repeatedly (it stays in L2/L3), (b) the decode pass: every matrix of
 // SmolLM2-135M (30 layers x q,k,v,o,gate,up,down in Q4_1 + the Q8_0 head, 96.6 MB) in the order
 // decode calls them, so the weights stream from DRAM as in a real step.
@@ -229,8 +222,8 @@ void BenchGemv() {
             SetComputeThreads(th);
             const CallTimes t =
                 TimeCalls([&] { QuantGemm(s.q, x.data(), m, s.q.k, y.data(), s.q.n, mode); });
-            std::printf("| %s | %s | %s | %d | %d | %.1f | %.1f | %.1f |\n", s.name, ModeName(mode),
-                        IsaName(isa), m, th, t.best * 1e6, t.median * 1e6,
+            std::printf("| %s | %s | %s | %d | %d | %.1f | %.1f | %.1f |\n", s.name,
+                        GemvModeName(mode), IsaName(isa), m, th, t.best * 1e6, t.median * 1e6,
                         Bytes(s.q) / t.best / 1e9);
             std::fflush(stdout);
           }
@@ -255,7 +248,7 @@ void BenchGemv() {
               QuantGemm(w.q, x.data(), m, w.q.k, y.data(), w.q.n, mode);
             }
           });
-          std::printf("| %s | %s | %d | %d | %.2f | %.2f | %.1f | %.0f |\n", ModeName(mode),
+          std::printf("| %s | %s | %d | %d | %.2f | %.2f | %.1f | %.0f |\n", GemvModeName(mode),
                       IsaName(isa), m, th, t.best * 1e3, t.median * 1e3, model_bytes / t.best / 1e9,
                       1.0 / t.best);
           std::fflush(stdout);

@@ -158,19 +158,14 @@ class CpuBackend final : public Backend {
   explicit CpuBackend(const CpuBackendOptions& o) : opts_(o) {}
 
   std::string name() const override {
-    auto gemv = [](GemvMode m) {
-      return m == GemvMode::kInt8    ? "int8"
-             : m == GemvMode::kInt16 ? "int16"
-             : m == GemvMode::kBf16  ? "bf16"
-                                     : "fp32";
-    };
     std::string few;
     if (opts_.gemv_few_rows != opts_.gemv) {
-      few = absl::StrCat(" (", gemv(opts_.gemv_few_rows), " below ", kBf16MinRows, " rows)");
+      few =
+          absl::StrCat(" (", GemvModeName(opts_.gemv_few_rows), " below ", kBf16MinRows, " rows)");
     }
     return absl::StrCat("cpu(", IsaName(ActiveIsa()), ", gemm ",
                         opts_.gemm == GemmPrecision::kBF16 ? "bf16" : "fp32", ", gemv ",
-                        gemv(opts_.gemv), few, ")");
+                        GemvModeName(opts_.gemv), few, ")");
   }
 
   float* Alloc(size_t floats) override {

@@ -257,6 +257,19 @@ int BlockElems(GgmlType t) {
 
 }  // namespace
 
+const char* GemvModeName(GemvMode mode) {
+  switch (mode) {
+    case GemvMode::kInt8:
+      return "int8";
+    case GemvMode::kInt16:
+      return "int16";
+    case GemvMode::kBf16:
+      return "bf16";
+    default:
+      return "fp32";
+  }
+}
+
 void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
                GemvMode mode) {
   const QuantPart part{w, 0};
@@ -346,8 +359,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     xa8 = {xq.data(), xs.data(), xsum.data(), m, k, nb};
   }
   if (need_bsum) {
-    // 8 zero floats past the end (the kernels' whole groups of 8 block sums).
-    bsum.assign(static_cast<size_t>(m) * nb + 8, 0.0f);
+    bsum.resize(static_cast<size_t>(m) * nb);
     if (isa >= IsaLevel::kAvx512) {
       qgemv::avx512::BlockSums(x, m, ldx, k, bsum.data());
     } else if (isa >= IsaLevel::kAvx2) {
@@ -359,7 +371,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   }
   if (need_int16) {
     xq16.resize(static_cast<size_t>(m) * k);
-    xs.assign(static_cast<size_t>(m) * nb + 8, 0.0f);
+    xs.resize(static_cast<size_t>(m) * nb);
     if (isa >= IsaLevel::kAvx512) {
       qgemv::avx512::QuantizeActInt16(x, m, ldx, k, xq16.data(), xs.data());
     } else if (isa >= IsaLevel::kAvx2) {

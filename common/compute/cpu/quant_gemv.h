@@ -28,6 +28,9 @@ namespace tripod {
 enum class GemvMode { kF32, kInt8, kInt16, kBf16 };
 inline constexpr int kBf16MinRows = 4;
 
+// "fp32", "int8", "int16" or "bf16".
+const char* GemvModeName(GemvMode mode);
+
 struct QuantMatrix {
   GgmlType type;
   const void* data;  // n rows of k elements, each row RowBytes(type, k) bytes

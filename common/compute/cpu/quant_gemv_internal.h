@@ -10,8 +10,8 @@ namespace tripod::qgemv {
 
 // Activations for the kF32 kernels: x itself, plus per 32-element block b of row i the fp32 sum
 // bsum[i * nb + b] of the block's x values (the term Q4_1's minimum and Q4_0's offset multiply).
-// bsum may be null for weight types without such a term. The buffer holding bsum has 8 zero
-// floats after the last row, so kernels may read a whole group of 8 blocks past a row's end.
+// bsum may be null for weight types without such a term. Kernels read exactly a row's nb sums
+// (LoadUpTo8 masks a partial group of 8), so the buffers need no padding.
 struct F32Act {
   const float* x = nullptr;
   int64_t ldx = 0;
@@ -23,8 +23,7 @@ struct F32Act {
 
 // x quantised for the int8 path: row i has k int8 values at q + i * k; per 32-element block b,
 // scale[i * nb + b] = d_x and sum[i * nb + b] = d_x * (sum of the block's int8 values), the term
-// that Q4_0's offset and Q4_1's minimum multiply. scale and sum are followed by 8 zero floats,
-// as bsum above.
+// that Q4_0's offset and Q4_1's minimum multiply.
 struct Int8Act {
   const int8_t* q = nullptr;
   const float* scale = nullptr;
@@ -36,7 +35,7 @@ struct Int8Act {
 
 // x quantised for the int16 path: row i has k int16 values at q + i * k; per 32-element block
 // b, scale[i * nb + b] = d_x, and bsum[i * nb + b] the exact fp32 sum of the block's x values (as
-// F32Act's). scale and bsum are followed by 8 zero floats, as bsum above.
+// F32Act's).
 struct Int16Act {
   const int16_t* q = nullptr;
   const float* scale = nullptr;

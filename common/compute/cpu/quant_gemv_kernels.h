@@ -333,12 +333,12 @@ inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, 
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-// R consecutive weight rows against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0).
-// Its scale tables are built as GroupInt8's, written out again: a shared helper taking the
-// tables and accumulators by reference measured 2-5 % slower (Zen 4, one core).
+// R consecutive weight rows against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0):
 // per block, the exact integer dot of the weights' values with x's int16 values (two 16-pair
 // steps), converted once and scaled by d_w * d_x; Q4_1's minimum (Q4_0's -8 d) multiplies x's
-// fp32 block sums, 8 blocks per FMA as in fp32 mode.
+// fp32 block sums, 8 blocks per FMA as in fp32 mode. Its scale tables are built as GroupInt8's,
+// written out again: a shared helper taking the tables and accumulators by reference measured
+// 2-5 % slower (Zen 4, one core).
 template <class Isa, GgmlType T, int R, int MG>
 inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int i0, float* y,
                        int64_t ldy) {
