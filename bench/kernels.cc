@@ -356,8 +356,9 @@ struct HugeBuffer {
 };
 
 // A continuous-batching decode step's attention: kSeqs sequences at context kCtx in 16-slot
-// blocks scattered over one pool (as the paged cache places them), 30 layers cycled, one call.
-void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx) {
+// blocks of one pool, 30 layers cycled, one call. Each sequence's blocks are consecutive in
+// memory (as a fresh pool hands them out) or scattered over the pool (as after much churn).
+void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx, bool scattered) {
   const int H = 9, KVH = 3, D = 64, kBt = 16, kLayers = 30;
   const int blocks_per_seq = kCtx / kBt, n_blocks = kSeqs * blocks_per_seq;
   const size_t block_bytes = size_t(KVH) * kBt * KvRowBytes(dt, D);
@@ -365,7 +366,7 @@ void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx) {
   std::vector<HugeBuffer> k(kLayers), v(kLayers);
   std::vector<int32_t> ids(n_blocks);
   for (int i = 0; i < n_blocks; ++i) ids[i] = i;
-  std::shuffle(ids.begin(), ids.end(), rng);
+  if (scattered) std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<float> rows(size_t(kBt) * KVH * D);
   for (auto& x : rows) x = std::normal_distribution<float>()(rng);
   for (int l = 0; l < kLayers; ++l) {
@@ -392,8 +393,9 @@ void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx) {
     l = (l + 1) % kLayers;
   });
   const double bytes = 2.0 * kSeqs * kCtx * KVH * KvRowBytes(dt, D);
-  std::printf("| decode %d seqs x ctx %d, paged %d | %s | %.3f | %.1f GB/s | %.2f |\n", kSeqs, kCtx,
-              kBt, KvDtypeName(dt), t * 1e3, bytes / t / 1e9, t * 30e3);
+  std::printf("| decode %d seqs x ctx %d, paged %d %s | %s | %.3f | %.1f GB/s | %.2f |\n", kSeqs,
+              kCtx, kBt, scattered ? "scattered" : "sequential", KvDtypeName(dt), t * 1e3,
+              bytes / t / 1e9, t * 30e3);
 }
 
 void BenchAttention() {
@@ -431,8 +433,10 @@ void BenchAttention() {
       std::printf("| decode ctx %d | %s | %.3f | %.1f | %.2f |\n", ctx, KvDtypeName(dt), t * 1e3,
                   flop / t / 1e9, t * 30e3);
     }
-    BenchBatchedDecode(dt, 16, 512);
-    BenchBatchedDecode(dt, 1, 2048);
+    for (bool scattered : {false, true}) {
+      BenchBatchedDecode(dt, 16, 512, scattered);
+      BenchBatchedDecode(dt, 1, 2048, scattered);
+    }
   }
 }
 

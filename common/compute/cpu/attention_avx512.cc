@@ -109,9 +109,9 @@ void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t 
   BlockImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
 }
 
-bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
-            float* o, float* m, float* l) {
-  return DecodeImpl<Vec>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+bool Decode(const AttentionArgs& a, int kvh0, int nh, int q0, int q1, int64_t k0, int64_t k1,
+            float* scratch, float* o, float* m, float* l) {
+  return DecodeImpl<Vec>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
 }
 
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst) {

@@ -29,22 +29,27 @@ void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t 
            float* o, float* m, float* l);
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
 }  // namespace scalar
+// The decode kernel: few rows of KV heads [kvh0, kvh0 + nh) (nh <= kDecodeMaxHeads) over any
+// slot range, as Block for each head with head hh's rows at row offset hh * (q1 - q0) * g of o, m
+// and l; scratch: nh * rows * head_dim floats. False where it does not handle this head_dim (the
+// caller then runs Block per head).
+constexpr int kDecodeMaxHeads = 8;
+// A head's run of rows in a block at least this long is a stream the hardware prefetcher
+// follows on its own (a contiguous cache): decode tasks there take one head and prefetch nothing;
+// shorter runs (paged blocks) get whole-block tasks and software prefetch.
+constexpr size_t kDecodeLongRun = 16 << 10;
 namespace avx2 {
 void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
            float* o, float* m, float* l);
-// The decode kernel (few rows, any slot range; scratch: rows x head_dim floats); false where it
-// does not handle this head_dim (the caller then runs Block).
-bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
-            float* o, float* m, float* l);
+bool Decode(const AttentionArgs& a, int kvh0, int nh, int q0, int q1, int64_t k0, int64_t k1,
+            float* scratch, float* o, float* m, float* l);
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
 }  // namespace avx2
 namespace avx512 {
 void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
            float* o, float* m, float* l);
-// The decode kernel (few rows, any slot range; scratch: rows x head_dim floats); false where it
-// does not handle this head_dim (the caller then runs Block).
-bool Decode(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1, float* scratch,
-            float* o, float* m, float* l);
+bool Decode(const AttentionArgs& a, int kvh0, int nh, int q0, int q1, int64_t k0, int64_t k1,
+            float* scratch, float* o, float* m, float* l);
 void ConvertRow(const float* src, int n, KvDtype dtype, uint8_t* dst);
 }  // namespace avx512
 

@@ -239,19 +239,19 @@ void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
 // Decode: few query rows (the grouped heads of one or a few queries) against a long run of slots,
 // the case that reads the whole KV cache per token and so decides decode speed at long context
 // and under batching. Unlike BlockImpl it stages nothing: each K and V row is loaded from its
-// cache block and converted in registers, the output rows stay in registers across the whole
-// slot range, and slots are walked block by block (no division per slot). Tiles are
-// kDecodeTile slots aligned to absolute slot numbers, and a row's arithmetic is the same
-// whatever the other rows of its group or the task's first slot: results are batch-invariant.
+// cache block and converted in registers, and slots are walked tile by tile. One call may serve
+// several KV heads, all of them per tile, so that it reads a block's K (and V) front to back.
+// Tiles are kDecodeTile slots aligned to absolute slot numbers, and a row's arithmetic is the
+// same whatever the other rows or heads of its task or its first slot: results are
+// batch-invariant.
 constexpr int kDecodeTile = 16;
 // Prefetch distance in slots: 96-160 measured best in a 16-sequence decode step (Zen 4); into
 // L2, 16 sequences x 512 slots ran at 19.5 GB/s against 16.9 into L1.
 constexpr int kDecodePrefetch = 128;
-// Software prefetch only where a head's run of rows in a block is shorter than this: longer
-// runs are streams the hardware prefetcher follows, and there the prefetch instructions only
-// cost issue slots (Zen 4, one contiguous cache of 2048 / 8192 slots, one thread: see
+// Software prefetch only where a head's run of rows is shorter than kDecodeLongRun: longer runs
+// are streams the hardware prefetcher follows, and there the prefetch instructions only cost
+// issue slots (Zen 4, one contiguous cache of 2048 / 8192 slots, one thread: see
 // docs/cpu-kernels.md); 16-slot paged blocks need it (0.31 ms a layer with, 0.45 without).
-constexpr size_t kDecodePrefetchMaxRun = 16 << 10;
 
 template <class V, KvDtype DT>
 inline typename V::T LoadKv(const uint8_t* p, int c) {
@@ -274,142 +274,209 @@ constexpr int DecodeRowsPerPass() {
   return rb < 1 ? 1 : (rb > 4 ? 4 : rb);
 }
 
-// RB rows: q [RB][DV * W] (scaled), limit[r] = the last slot row r sees; slots [k0, k1).
+// Where a decode call's rows are: for head hh of the call (kv head kvh0 + hh) and row r < RB,
+// q / o at (hh * head_rows + r) * head_dim, m / l at hh * head_rows + r.
+struct DecodeRowsAt {
+  int kvh0, nh, head_rows;
+};
+
+// RB rows of each of the call's heads: q scaled, limit[r] = the last slot row r sees; slots
+// [k0, k1). Each head's accumulators stay in registers over a tile and wait in L1 in between.
 template <class V, KvDtype DT, int DV, int RB>
-void DecodeRows(const AttentionArgs& a, int kvh, const float* q, const int64_t* limit, int64_t k0,
-                int64_t k1, float* o, float* m, float* l) {
+void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const int64_t* limit,
+                int64_t k0, int64_t k1, float* o, float* m, float* l) {
   using T = typename V::T;
   constexpr int W = V::W, D = DV * W, kT = kDecodeTile, kTV = kT / W;
   static_assert(kT % W == 0);
   constexpr size_t kRowBytes = KvRowBytes(DT, D);
-  T acc[RB][DV];
-  float mr[RB], lr[RB];
+  const int nh = at.nh;
+  alignas(64) float acc_state[kDecodeMaxHeads][RB][D];
+  float mr[kDecodeMaxHeads][RB], lr[kDecodeMaxHeads][RB];
   int64_t last = limit[0];
-  for (int r = 0; r < RB; ++r) {
-    for (int c = 0; c < DV; ++c) acc[r][c] = V::Zero();
-    mr[r] = kNegInf;
-    lr[r] = 0.0f;
-    if (limit[r] > last) last = limit[r];
+  for (int hh = 0; hh < nh; ++hh) {
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) {
+#pragma GCC unroll 16
+      for (int c = 0; c < DV; ++c) V::Store(acc_state[hh][r] + c * W, V::Zero());
+      mr[hh][r] = kNegInf;
+      lr[hh][r] = 0.0f;
+    }
   }
+#pragma GCC unroll 16
+  for (int r = 1; r < RB; ++r) last = limit[r] > last ? limit[r] : last;
   const KvLayerRef& kv = a.kv;
   const int64_t kend = k1 < last + 1 ? k1 : last + 1;
   const int64_t bt = kv.block_tokens;
-  const size_t head_off = static_cast<size_t>(kvh) * bt * kRowBytes;
-  int64_t blk = k0 / bt, row = k0 % bt;  // walks with the slots
-  // A second walker kDecodePrefetch slots ahead prefetches K and V rows into L2 (not L1, which
-  // that distance would overrun): a sequence's blocks are scattered over the pool, and one
-  // head's rows of a block are only a few KB, too short a stream for the hardware prefetchers.
-  int64_t pre = k0, pblk = pre / bt, prow = pre % bt;
-  auto prefetch_next = [&] {
-    const size_t poff = static_cast<size_t>(kv.block_ids[pblk]) * kv.block_bytes + head_off +
-                        static_cast<size_t>(prow) * kRowBytes;
+  const size_t head_bytes = static_cast<size_t>(bt) * kRowBytes;  // one head's run in a block
+  // Byte offset of slot s's row of the call's first head from k_base / v_base.
+  auto row_offset = [&](int64_t s) {
+    return static_cast<size_t>(kv.block_ids[s / bt]) * kv.block_bytes + at.kvh0 * head_bytes +
+           static_cast<size_t>(s % bt) * kRowBytes;
+  };
+  // Software prefetch into L2 (not L1, which kDecodePrefetch slots would overrun), a tile
+  // kDecodePrefetch slots ahead: a sequence's blocks are scattered over the pool. The prefetches
+  // are spread over the slot loop, a row at a time: issued a tile at once, most were dropped
+  // (as slow as none).
+  const bool prefetching = head_bytes < kDecodeLongRun;
+  // A block right after its predecessor in memory, read whole (every head), continues a stream
+  // that the hardware prefetcher follows; software prefetches there only got in its way
+  // (sequential blocks, 16 sequences x 512 slots, one thread: 0.33 ms a layer without, 0.57
+  // with). Scattered blocks still need them (0.74 ms without).
+  const bool whole_blocks = nh == a.n_kv_heads;
+  auto streamed = [&](int64_t b) {
+    return whole_blocks && b > 0 && kv.block_ids[b] == kv.block_ids[b - 1] + 1;
+  };
+  auto prefetch_row = [&](size_t off) {
     for (size_t line = 0; line < kRowBytes; line += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(kv.k_base + poff + line), _MM_HINT_T1);
-      _mm_prefetch(reinterpret_cast<const char*>(kv.v_base + poff + line), _MM_HINT_T1);
-    }
-    ++pre;
-    if (++prow == bt) {
-      prow = 0;
-      ++pblk;
+      _mm_prefetch(reinterpret_cast<const char*>(kv.k_base + off + line), _MM_HINT_T1);
+      _mm_prefetch(reinterpret_cast<const char*>(kv.v_base + off + line), _MM_HINT_T1);
     }
   };
-  // The walker starts at k0: the task's first kDecodePrefetch slots are asked for up front
-  // rather than left to demand misses (a task is often only a few hundred slots).
-  const int64_t pre_end = static_cast<size_t>(bt) * kRowBytes < kDecodePrefetchMaxRun ? kend : k0;
-  while (pre < pre_end && pre < k0 + kDecodePrefetch) prefetch_next();
+  // The task's first kDecodePrefetch slots are asked for up front rather than left to demand
+  // misses (a task is often only a few hundred slots).
+  if (prefetching) {
+    for (int64_t t = k0; t < std::min<int64_t>(kend, k0 + kDecodePrefetch); ++t) {
+      if (t / bt != k0 / bt && streamed(t / bt)) continue;
+      for (int hh = 0; hh < nh; ++hh) prefetch_row(row_offset(t) + hh * head_bytes);
+    }
+  }
   alignas(64) T dots[RB][kT];
   alignas(64) float s[RB][kT];
-  const uint8_t* kp[kT];
-  const uint8_t* vp[kT];
+  size_t off[kT];  // row offsets of the tile's slots (first head)
+  size_t pf[kT];   // the same kDecodePrefetch slots ahead, for the first pn slots
   for (int64_t t0 = k0; t0 < kend;) {
     const int64_t tile_end = std::min<int64_t>(kend, (t0 / kT + 1) * kT);
     const int n = static_cast<int>(tile_end - t0);
-    for (int j = 0; j < n; ++j) {
-      const size_t off = static_cast<size_t>(kv.block_ids[blk]) * kv.block_bytes + head_off +
-                         static_cast<size_t>(row) * kRowBytes;
-      kp[j] = kv.k_base + off;
-      vp[j] = kv.v_base + off;
-      if (++row == bt) {
-        row = 0;
-        ++blk;
-      }
-      if (pre < pre_end) prefetch_next();
+    if (t0 % bt + n <= bt) {  // the tile lies in one block (always, when kT divides bt)
+      const size_t o0 = row_offset(t0);
+      for (int j = 0; j < n; ++j) off[j] = o0 + j * kRowBytes;
+    } else {
+      for (int j = 0; j < n; ++j) off[j] = row_offset(t0 + j);
     }
-    // Scores: per slot and row, DV products summed lane-wise, then W slots reduced at once.
-    for (int j = 0; j < n; ++j) {
-      T kr[DV];
-      for (int c = 0; c < DV; ++c) kr[c] = LoadKv<V, DT>(kp[j], c);
+    const int64_t p0 = t0 + kDecodePrefetch;
+    int pn = prefetching && p0 < kend ? static_cast<int>(std::min<int64_t>(n, kend - p0)) : 0;
+    if (pn > 0 && p0 % bt + pn <= bt && streamed(p0 / bt)) pn = 0;
+    if (pn > 0 && p0 % bt + pn <= bt) {
+      const size_t o0 = row_offset(p0);
+      for (int j = 0; j < pn; ++j) pf[j] = o0 + j * kRowBytes;
+    } else {
+      for (int j = 0; j < pn; ++j) pf[j] = row_offset(p0 + j);
+    }
+    for (int hh = 0; hh < nh; ++hh) {
+      const float* qh = q + static_cast<size_t>(hh) * at.head_rows * D;
+      const uint8_t* kb = kv.k_base + hh * head_bytes;
+      const uint8_t* vb = kv.v_base + hh * head_bytes;
+      T acc[RB][DV];
+#pragma GCC unroll 16
       for (int r = 0; r < RB; ++r) {
-        T d = V::Mul(V::Load(q + r * D), kr[0]);
-        for (int c = 1; c < DV; ++c) d = V::Fma(V::Load(q + r * D + c * W), kr[c], d);
-        dots[r][j] = d;
+#pragma GCC unroll 16
+        for (int c = 0; c < DV; ++c) {
+          acc[r][c] = V::Load(acc_state[hh][r] + c * W);
+        }
       }
-    }
-    for (int r = 0; r < RB; ++r) {
-      for (int j = n; j < kT; ++j) dots[r][j] = V::Zero();
-      for (int tv = 0; tv < kTV; ++tv) V::ReduceW(dots[r] + tv * W, s[r] + tv * W);
-    }
-    // Online softmax per row over the tile.
-    for (int r = 0; r < RB; ++r) {
-      const int64_t lim = limit[r] - t0;  // last tile index this row sees
-      const int valid = lim < 0 ? 0 : (lim + 1 < n ? static_cast<int>(lim + 1) : n);
-      if (valid == 0) {  // p = 0 for the whole tile
-        for (int j = 0; j < kT; ++j) s[r][j] = 0.0f;
-        continue;
+      // Scores: per slot and row, DV products summed lane-wise, then W slots reduced at once.
+      for (int j = 0; j < n; ++j) {
+        if (j < pn) prefetch_row(pf[j] + hh * head_bytes);
+        T kr[DV];
+#pragma GCC unroll 16
+        for (int c = 0; c < DV; ++c) kr[c] = LoadKv<V, DT>(kb + off[j], c);
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; ++r) {
+          T d = V::Mul(V::Load(qh + r * D), kr[0]);
+#pragma GCC unroll 16
+          for (int c = 1; c < DV; ++c) d = V::Fma(V::Load(qh + r * D + c * W), kr[c], d);
+          dots[r][j] = d;
+        }
       }
-      for (int j = valid; j < kT; ++j) s[r][j] = kNegInf;  // Exp gives 0 for these
-      T mx = V::Load(s[r]);
-      for (int tv = 1; tv < kTV; ++tv) mx = V::Max(mx, V::Load(s[r] + tv * W));
-      const float tile_max = V::ReduceMax(mx);
-      const float m_new = tile_max > mr[r] ? tile_max : mr[r];
-      const T vm = V::Set1(m_new);
-      T sum = V::Zero();
-      for (int tv = 0; tv < kTV; ++tv) {
-        const T p = V::Exp(V::Sub(V::Load(s[r] + tv * W), vm));
-        V::Store(s[r] + tv * W, p);
-        sum = V::Add(sum, p);
-      }
-      if (mr[r] != kNegInf && m_new != mr[r]) {
-        const float corr = __builtin_expf(mr[r] - m_new);
-        lr[r] *= corr;
-        const T vc = V::Set1(corr);
-        for (int c = 0; c < DV; ++c) acc[r][c] = V::Mul(acc[r][c], vc);
-      }
-      lr[r] += V::ReduceAdd(sum);
-      mr[r] = m_new;
-    }
-    // O += P V.
-    for (int j = 0; j < n; ++j) {
-      T vr[DV];
-      for (int c = 0; c < DV; ++c) vr[c] = LoadKv<V, DT>(vp[j], c);
+#pragma GCC unroll 16
       for (int r = 0; r < RB; ++r) {
-        const T p = V::Set1(s[r][j]);
-        for (int c = 0; c < DV; ++c) acc[r][c] = V::Fma(p, vr[c], acc[r][c]);
+        for (int j = n; j < kT; ++j) dots[r][j] = V::Zero();
+#pragma GCC unroll 16
+        for (int tv = 0; tv < kTV; ++tv) V::ReduceW(dots[r] + tv * W, s[r] + tv * W);
       }
+// Online softmax per row over the tile.
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) {
+        const int64_t lim = limit[r] - t0;  // last tile index this row sees
+        const int valid = lim < 0 ? 0 : (lim + 1 < n ? static_cast<int>(lim + 1) : n);
+        if (valid == 0) {  // p = 0 for the whole tile
+          for (int j = 0; j < kT; ++j) s[r][j] = 0.0f;
+          continue;
+        }
+        for (int j = valid; j < kT; ++j) s[r][j] = kNegInf;  // Exp gives 0 for these
+        T mx = V::Load(s[r]);
+#pragma GCC unroll 16
+        for (int tv = 1; tv < kTV; ++tv) mx = V::Max(mx, V::Load(s[r] + tv * W));
+        const float tile_max = V::ReduceMax(mx);
+        const float m_old = mr[hh][r];
+        const float m_new = tile_max > m_old ? tile_max : m_old;
+        const T vm = V::Set1(m_new);
+        T sum = V::Zero();
+#pragma GCC unroll 16
+        for (int tv = 0; tv < kTV; ++tv) {
+          const T p = V::Exp(V::Sub(V::Load(s[r] + tv * W), vm));
+          V::Store(s[r] + tv * W, p);
+          sum = V::Add(sum, p);
+        }
+        if (m_old != kNegInf && m_new != m_old) {
+          const float corr = __builtin_expf(m_old - m_new);
+          lr[hh][r] *= corr;
+          const T vc = V::Set1(corr);
+#pragma GCC unroll 16
+          for (int c = 0; c < DV; ++c) acc[r][c] = V::Mul(acc[r][c], vc);
+        }
+        lr[hh][r] += V::ReduceAdd(sum);
+        mr[hh][r] = m_new;
+      }
+      // O += P V.
+      for (int j = 0; j < n; ++j) {
+        T vr[DV];
+#pragma GCC unroll 16
+        for (int c = 0; c < DV; ++c) vr[c] = LoadKv<V, DT>(vb + off[j], c);
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; ++r) {
+          const T p = V::Set1(s[r][j]);
+#pragma GCC unroll 16
+          for (int c = 0; c < DV; ++c) acc[r][c] = V::Fma(p, vr[c], acc[r][c]);
+        }
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+        for (int c = 0; c < DV; ++c) V::Store(acc_state[hh][r] + c * W, acc[r][c]);
     }
     t0 = tile_end;
   }
-  for (int r = 0; r < RB; ++r) {
-    for (int c = 0; c < DV; ++c) V::Store(o + r * D + c * W, acc[r][c]);
-    m[r] = mr[r];
-    l[r] = lr[r];
+  for (int hh = 0; hh < nh; ++hh) {
+    float* oh = o + static_cast<size_t>(hh) * at.head_rows * D;
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) {
+#pragma GCC unroll 16
+      for (int c = 0; c < DV; ++c) V::Store(oh + r * D + c * W, V::Load(acc_state[hh][r] + c * W));
+      m[hh * at.head_rows + r] = mr[hh][r];
+      l[hh * at.head_rows + r] = lr[hh][r];
+    }
   }
 }
 
 template <class V, KvDtype DT, int DV>
-void DecodeAll(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1,
+void DecodeAll(const AttentionArgs& a, int kvh0, int nh, int q0, int q1, int64_t k0, int64_t k1,
                float* scratch, float* o, float* m, float* l) {
   constexpr int W = V::W, D = DV * W, kRB = DecodeRowsPerPass<V, DV>();
   const int g = a.n_heads / a.n_kv_heads;
   const int rows = (q1 - q0) * g;
-  float* q = scratch;  // [rows][D], pre-scaled
+  float* q = scratch;  // [nh][rows][D], pre-scaled
   int64_t limit[kRB];
   const typename V::T vscale = V::Set1(a.scale);
-  for (int r = 0; r < rows; ++r) {
-    const int qi = q0 + r / g, h = kvh * g + r % g;
-    const float* src = a.q + qi * a.q_stride + h * D;
-    for (int d = 0; d < D; d += W) V::Store(q + r * D + d, V::Mul(V::Load(src + d), vscale));
+  for (int hh = 0; hh < nh; ++hh) {
+    for (int r = 0; r < rows; ++r) {
+      const int qi = q0 + r / g, h = (kvh0 + hh) * g + r % g;
+      const float* src = a.q + qi * a.q_stride + h * D;
+      float* dst = q + (static_cast<size_t>(hh) * rows + r) * D;
+      for (int d = 0; d < D; d += W) V::Store(dst + d, V::Mul(V::Load(src + d), vscale));
+    }
   }
+  const DecodeRowsAt at{kvh0, nh, rows};
   for (int r0 = 0; r0 < rows; r0 += kRB) {
     const int rb = rows - r0 < kRB ? rows - r0 : kRB;
     for (int r = 0; r < rb; ++r) limit[r] = int64_t{a.n_past} + q0 + (r0 + r) / g;
@@ -417,19 +484,19 @@ void DecodeAll(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
     float* og = o + r0 * D;
     switch (rb) {
       case 1:
-        DecodeRows<V, DT, DV, 1>(a, kvh, qg, limit, k0, k1, og, m + r0, l + r0);
+        DecodeRows<V, DT, DV, 1>(a, at, qg, limit, k0, k1, og, m + r0, l + r0);
         break;
       case 2:
         if constexpr (kRB >= 2)
-          DecodeRows<V, DT, DV, 2>(a, kvh, qg, limit, k0, k1, og, m + r0, l + r0);
+          DecodeRows<V, DT, DV, 2>(a, at, qg, limit, k0, k1, og, m + r0, l + r0);
         break;
       case 3:
         if constexpr (kRB >= 3)
-          DecodeRows<V, DT, DV, 3>(a, kvh, qg, limit, k0, k1, og, m + r0, l + r0);
+          DecodeRows<V, DT, DV, 3>(a, at, qg, limit, k0, k1, og, m + r0, l + r0);
         break;
       default:
         if constexpr (kRB >= 4)
-          DecodeRows<V, DT, DV, 4>(a, kvh, qg, limit, k0, k1, og, m + r0, l + r0);
+          DecodeRows<V, DT, DV, 4>(a, at, qg, limit, k0, k1, og, m + r0, l + r0);
         break;
     }
   }
@@ -437,20 +504,20 @@ void DecodeAll(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
 
 // The decode kernel for this head_dim, or false where it has none (BlockImpl serves those).
 template <class V, KvDtype DT>
-bool DecodeDt(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1,
+bool DecodeDt(const AttentionArgs& a, int kvh0, int nh, int q0, int q1, int64_t k0, int64_t k1,
               float* scratch, float* o, float* m, float* l) {
   switch (a.head_dim / V::W) {
     case 2:
-      DecodeAll<V, DT, 2>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      DecodeAll<V, DT, 2>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
       return true;
     case 4:
-      DecodeAll<V, DT, 4>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      DecodeAll<V, DT, 4>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
       return true;
     case 8:
-      DecodeAll<V, DT, 8>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      DecodeAll<V, DT, 8>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
       return true;
     case 16:
-      DecodeAll<V, DT, 16>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      DecodeAll<V, DT, 16>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
       return true;
     default:
       return false;
@@ -458,19 +525,21 @@ bool DecodeDt(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64
 }
 
 template <class V>
-bool DecodeImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1,
+bool DecodeImpl(const AttentionArgs& a, int kvh0, int nh, int q0, int q1, int64_t k0, int64_t k1,
                 float* scratch, float* o, float* m, float* l) {
-  if (a.head_dim % V::W != 0 || a.kv.block_tokens <= 0) return false;
+  if (a.head_dim % V::W != 0 || a.kv.block_tokens <= 0 || nh < 1 || nh > kDecodeMaxHeads) {
+    return false;
+  }
   switch (a.kv.dtype) {
     case KvDtype::kF32:
-      return DecodeDt<V, KvDtype::kF32>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      return DecodeDt<V, KvDtype::kF32>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
     case KvDtype::kF16:
-      return DecodeDt<V, KvDtype::kF16>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      return DecodeDt<V, KvDtype::kF16>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
     case KvDtype::kQ8_0:
       if (a.head_dim % kKvQ8Block != 0) return false;
-      return DecodeDt<V, KvDtype::kQ8_0>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      return DecodeDt<V, KvDtype::kQ8_0>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
     default:
-      return DecodeDt<V, KvDtype::kBF16>(a, kvh, q0, q1, k0, k1, scratch, o, m, l);
+      return DecodeDt<V, KvDtype::kBF16>(a, kvh0, nh, q0, q1, k0, k1, scratch, o, m, l);
   }
 }
 

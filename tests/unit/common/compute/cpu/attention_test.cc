@@ -209,10 +209,13 @@ TEST(AttentionCpuTest, BatchOfSequences) {
 }
 
 // The decode kernel's shapes: head_dim 128 (fewer rows per register pass), groups of 4 and 7
-// (row passes with a remainder), blocks of 7 and 40 slots (tiles that cross blocks), and few
-// queries with different causal limits in one task.
+// (row passes with a remainder), blocks of 7 and 40 slots (tiles that cross blocks), few queries
+// with different causal limits in one task, and more KV heads than one decode task takes (10:
+// tasks of 8 and 2 heads).
 TEST(AttentionCpuTest, DecodeKernelShapes) {
   RunCases({{1, 300, 32, 8, 128, KvDtype::kF16, 16},
+            {1, 900, 20, 10, 64, KvDtype::kF16, 16},
+            {3, 40, 30, 10, 32, KvDtype::kF32, 16},
             {1, 77, 28, 4, 128, KvDtype::kBF16, 7},
             {2, 61, 14, 2, 64, KvDtype::kF32, 40},
             {4, 33, 8, 2, 32, KvDtype::kF16, 7},
