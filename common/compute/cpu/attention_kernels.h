@@ -340,6 +340,16 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
       for (int hh = 0; hh < nh; ++hh) prefetch_row(row_offset(t) + hh * head_bytes);
     }
   }
+  // Row offsets (first head) of slots [s0, s0 + count): one add each within a block.
+  auto fill_offsets = [&](int64_t s0, int count, size_t* dst) {
+    if (count <= 0) return;       // s0 may lie past the sequence's last block
+    if (s0 % bt + count <= bt) {  // always, for a tile, when kT divides bt
+      const size_t o0 = row_offset(s0);
+      for (int j = 0; j < count; ++j) dst[j] = o0 + j * kRowBytes;
+    } else {
+      for (int j = 0; j < count; ++j) dst[j] = row_offset(s0 + j);
+    }
+  };
   alignas(64) T dots[RB][kT];
   alignas(64) float s[RB][kT];
   size_t off[kT];  // row offsets of the tile's slots (first head)
@@ -347,21 +357,11 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
   for (int64_t t0 = k0; t0 < kend;) {
     const int64_t tile_end = std::min<int64_t>(kend, (t0 / kT + 1) * kT);
     const int n = static_cast<int>(tile_end - t0);
-    if (t0 % bt + n <= bt) {  // the tile lies in one block (always, when kT divides bt)
-      const size_t o0 = row_offset(t0);
-      for (int j = 0; j < n; ++j) off[j] = o0 + j * kRowBytes;
-    } else {
-      for (int j = 0; j < n; ++j) off[j] = row_offset(t0 + j);
-    }
+    fill_offsets(t0, n, off);
     const int64_t p0 = t0 + kDecodePrefetch;
     int pn = prefetching && p0 < kend ? static_cast<int>(std::min<int64_t>(n, kend - p0)) : 0;
     if (pn > 0 && p0 % bt + pn <= bt && streamed(p0 / bt)) pn = 0;
-    if (pn > 0 && p0 % bt + pn <= bt) {
-      const size_t o0 = row_offset(p0);
-      for (int j = 0; j < pn; ++j) pf[j] = o0 + j * kRowBytes;
-    } else {
-      for (int j = 0; j < pn; ++j) pf[j] = row_offset(p0 + j);
-    }
+    fill_offsets(p0, pn, pf);
     for (int hh = 0; hh < nh; ++hh) {
       const float* qh = q + static_cast<size_t>(hh) * at.head_rows * D;
       const uint8_t* kb = kv.k_base + hh * head_bytes;
