@@ -79,7 +79,7 @@ TEST_P(BatchInvarianceTest, LogitsDoNotDependOnBatchOrChunking) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvTypes, BatchInvarianceTest,
-                         ::testing::Values(KvDtype::kF32, KvDtype::kQ8_0),
+                         ::testing::Values(KvDtype::kF32, KvDtype::kBF16, KvDtype::kQ8_0),
                          [](const auto& info) { return std::string(KvDtypeName(info.param)); });
 
 }  // namespace

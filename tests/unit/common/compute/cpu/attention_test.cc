@@ -253,10 +253,26 @@ TEST(AttentionCpuTest, BatchInvariantChunkRowsEqualLoneQueries) {
   SetIsaCap(IsaLevel::kAmx);
 }
 
-TEST(AttentionCpuTest, BadArgsAreIgnored) {
-  AttentionArgs a;  // all null
-  AttentionCpu(std::span<const AttentionArgs>(&a, 1));
-  SUCCEED();
+// Invalid sequences (null pointers, heads not a multiple of the KV heads, a cache shorter than
+// the window) are skipped without writing their output; valid ones in the same call still run.
+TEST(AttentionCpuTest, BadArgsAreSkipped) {
+  const Seq seq{1, 40, 9, 3, 64, KvDtype::kF16, 16};
+  std::mt19937 rng(5);
+  SeqData good, bad_heads, short_cache, null_q;
+  Prepare(seq, rng, good);
+  Prepare(seq, rng, bad_heads);
+  Prepare(seq, rng, short_cache);
+  Prepare(seq, rng, null_q);
+  bad_heads.args.n_kv_heads = 2;
+  short_cache.args.n_past = 200;  // the cache holds 41 slots
+  null_q.args.q = nullptr;
+  std::vector<AttentionArgs> args = {AttentionArgs{}, bad_heads.args, good.args, short_cache.args,
+                                     null_q.args};
+  AttentionCpu(args);
+  CheckAgainstReference(seq, good, ActiveIsa());
+  for (const SeqData* d : {&bad_heads, &short_cache, &null_q}) {
+    EXPECT_TRUE(std::all_of(d->out.begin(), d->out.end(), [](float x) { return x == -9.0f; }));
+  }
 }
 
 TEST(WriteKvCpuTest, ConversionsMatchReference) {
