@@ -18,9 +18,12 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(con
   c->layout_ = layout;
   c->n_seqs_ = n_seqs;
   c->capacity_ = capacity_tokens;
+  c->n_blocks_ = (capacity_tokens + kBlockTokens - 1) / kBlockTokens;
   c->block_bytes_ =
-      size_t{1} * layout.n_kv_heads * capacity_tokens * KvRowBytes(layout.dtype, layout.head_dim);
-  const size_t total = c->block_bytes_ * 2 * layout.n_layers * n_seqs;
+      size_t{1} * layout.n_kv_heads * kBlockTokens * KvRowBytes(layout.dtype, layout.head_dim);
+  c->block_ids_.resize(c->n_blocks_);
+  for (int b = 0; b < c->n_blocks_; ++b) c->block_ids_[b] = b;
+  const size_t total = c->block_bytes_ * c->n_blocks_ * 2 * layout.n_layers * n_seqs;
   if (total > (size_t{64} << 30)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", total, " bytes is too large"));
   }
@@ -30,13 +33,14 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(con
 
 KvLayerRef ContiguousKvCache::Layer(int32_t kv_seq, int layer) {
   KvLayerRef r;
+  const size_t half = block_bytes_ * n_blocks_;  // one layer's K (or V) blocks
   uint8_t* base =
-      storage_.data() + (static_cast<size_t>(kv_seq) * layout_.n_layers + layer) * 2 * block_bytes_;
+      storage_.data() + (static_cast<size_t>(kv_seq) * layout_.n_layers + layer) * 2 * half;
   r.k_base = base;
-  r.v_base = base + block_bytes_;
-  r.block_ids = &zero_;
-  r.n_blocks = 1;
-  r.block_tokens = capacity_;
+  r.v_base = base + half;
+  r.block_ids = block_ids_.data();
+  r.n_blocks = n_blocks_;
+  r.block_tokens = kBlockTokens;
   r.block_bytes = block_bytes_;
   r.dtype = layout_.dtype;
   return r;

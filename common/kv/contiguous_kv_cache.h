@@ -1,5 +1,10 @@
-// A simple KvStore: each sequence owns one contiguous block per layer, sized at creation.
-// Used by the CLI, benchmarks and tests; the decode worker uses the paged cache instead.
+// A simple KvStore: each sequence owns its slots of every layer, sized at creation, in 16-slot
+// blocks laid out in order (the paged pool's block layout, without the pool). Used by the CLI,
+// benchmarks and tests; the decode worker uses the paged cache instead.
+// Why blocks: decode attention then gives a task every KV head of a block (6 KB of K, then of V,
+// for SmolLM2), which streams better than one head's long run per task: decode after a
+// 2048-token prompt ran 4-13 % faster in 7 of 8 alternated pairs (Zen 4, 2 threads), prefill
+// unchanged.
 #pragma once
 
 #include <cstdint>
@@ -24,11 +29,13 @@ class ContiguousKvCache final : public KvStore {
  private:
   ContiguousKvCache() = default;
   KvLayout layout_;
+  static constexpr int kBlockTokens = 16;
   int n_seqs_ = 0;
   int capacity_ = 0;
+  int n_blocks_ = 0;
   size_t block_bytes_ = 0;
-  std::vector<uint8_t> storage_;  // [seq][layer][K|V] blocks
-  int32_t zero_ = 0;              // the single block id
+  std::vector<uint8_t> storage_;    // [seq][layer][K|V][block]
+  std::vector<int32_t> block_ids_;  // 0, 1, ..., n_blocks_ - 1
 };
 
 }  // namespace tripod

@@ -55,7 +55,7 @@ struct KvLayout {
 // One sequence's K/V in one layer. Slots (cache rows, in order of insertion) are grouped in
 // blocks of block_tokens; slot s lives in block block_ids[s / block_tokens], row s % block_tokens.
 // A block of K is [n_kv_heads][block_tokens][head_dim] elements, contiguous; V likewise, so one
-// head's rows are contiguous within a block. A contiguous cache is one block of its capacity.
+// head's rows are contiguous within a block. A cache may also be one block of its capacity.
 // RoPE is already applied to stored K; slots need not be positions (trimmed KV).
 struct KvLayerRef {
   uint8_t* k_base = nullptr;  // block b of K starts at k_base + b * block_bytes
