@@ -57,6 +57,9 @@ class Backend {
       std::span<const GgufTensorInfo* const> parts) = 0;
   virtual absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
       const GgufTensorInfo& tensor) = 0;
+  // True if PrepareMatrix copies the tensors' bytes (the caller may then release the file's
+  // pages of them).
+  virtual bool CopiesWeights() const { return false; }
   // Like PrepareMatrix, with the input columns of part p scaled: W'[:, j] = W[:, j] *
   // col_scales[p][j] (k floats each), so that a norm weight folds into the matrix. Meant for
   // large-batch GEMMs (POP's stacked K/V projection); a backend may keep it in its GEMM form

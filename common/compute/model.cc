@@ -115,6 +115,13 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
     }
   }
 
+  // Matrices through PrepareMatrix; their file pages are released at the end where the
+  // backend keeps copies (then only the copies are resident).
+  std::vector<const GgufTensorInfo*> copied;
+  auto prepare = [&](std::span<const GgufTensorInfo* const> parts) {
+    if (backend.CopiesWeights()) copied.insert(copied.end(), parts.begin(), parts.end());
+    return backend.PrepareMatrix(parts);
+  };
   std::vector<float> scratch;
   m->layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
@@ -129,7 +136,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
     ASSIGN_OR_RETURN(p.attn_norm, backend.PrepareVector(*w.attn_norm.tensor));
     if (need == LayerNeed::kKvOnly) {
       const GgufTensorInfo* kv[] = {w.wk.tensor, w.wv.tensor};
-      ASSIGN_OR_RETURN(p.kv, backend.PrepareMatrix(kv));
+      ASSIGN_OR_RETURN(p.kv, prepare(kv));
       if (w.bk) {
         const GgufTensorInfo* b[] = {w.bk.tensor, w.bv.tensor};
         ASSIGN_OR_RETURN(p.bqkv, ConcatVectors(backend, b, scratch));
@@ -137,7 +144,7 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
       continue;
     }
     const GgufTensorInfo* qkv[] = {w.wq.tensor, w.wk.tensor, w.wv.tensor};
-    ASSIGN_OR_RETURN(p.qkv, backend.PrepareMatrix(qkv));
+    ASSIGN_OR_RETURN(p.qkv, prepare(qkv));
     if (w.bq) {
       const GgufTensorInfo* b[] = {w.bq.tensor, w.bk.tensor, w.bv.tensor};
       ASSIGN_OR_RETURN(p.bqkv, ConcatVectors(backend, b, scratch));
@@ -146,18 +153,19 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
       ASSIGN_OR_RETURN(p.q_norm, backend.PrepareVector(*w.q_norm.tensor));
     }
     const GgufTensorInfo* wo[] = {w.wo.tensor};
-    ASSIGN_OR_RETURN(p.wo, backend.PrepareMatrix(wo));
+    ASSIGN_OR_RETURN(p.wo, prepare(wo));
     ASSIGN_OR_RETURN(p.ffn_norm, backend.PrepareVector(*w.ffn_norm.tensor));
     const GgufTensorInfo* gu[] = {w.w_gate.tensor, w.w_up.tensor};
-    ASSIGN_OR_RETURN(p.gate_up, backend.PrepareMatrix(gu));
+    ASSIGN_OR_RETURN(p.gate_up, prepare(gu));
     const GgufTensorInfo* down[] = {w.w_down.tensor};
-    ASSIGN_OR_RETURN(p.down, backend.PrepareMatrix(down));
+    ASSIGN_OR_RETURN(p.down, prepare(down));
   }
   if (selection.output_head) {
     ASSIGN_OR_RETURN(m->output_norm, backend.PrepareVector(*m->weights.output_norm.tensor));
     const GgufTensorInfo* head[] = {m->weights.output.tensor};
-    ASSIGN_OR_RETURN(m->output, backend.PrepareMatrix(head));
+    ASSIGN_OR_RETURN(m->output, prepare(head));
   }
+  for (const GgufTensorInfo* t : copied) m->gguf->ReleasePages(*t);
   return m;
 }
 

@@ -39,6 +39,7 @@ class ProfilingBackend final : public Backend {
       std::span<const GgufTensorInfo* const> parts) override {
     return inner_->PrepareMatrix(parts);
   }
+  bool CopiesWeights() const override { return inner_->CopiesWeights(); }
   absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
       const GgufTensorInfo& tensor) override {
     return inner_->PrepareVector(tensor);

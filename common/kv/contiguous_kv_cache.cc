@@ -4,6 +4,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/kv/kv_dtype.h"
+#include "common/util/status_macros.h"
 
 namespace tripod {
 
@@ -27,7 +28,8 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(con
   if (total > (size_t{64} << 30)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", total, " bytes is too large"));
   }
-  c->storage_.assign(total, 0);
+  ASSIGN_OR_RETURN(c->storage_, HugePageBuffer::Allocate(total));  // zeroed
+  c->bytes_ = total;
   return c;
 }
 

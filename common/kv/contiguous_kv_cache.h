@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/kv/kv_store.h"
+#include "common/util/huge_pages.h"
 
 namespace tripod {
 
@@ -24,7 +25,7 @@ class ContiguousKvCache final : public KvStore {
   KvLayout layout() const override { return layout_; }
   KvLayerRef Layer(int32_t kv_seq, int layer) override;
   int capacity_tokens() const { return capacity_; }
-  size_t bytes() const { return storage_.size(); }
+  size_t bytes() const { return bytes_; }
 
  private:
   ContiguousKvCache() = default;
@@ -34,7 +35,8 @@ class ContiguousKvCache final : public KvStore {
   int capacity_ = 0;
   int n_blocks_ = 0;
   size_t block_bytes_ = 0;
-  std::vector<uint8_t> storage_;    // [seq][layer][K|V][block]
+  size_t bytes_ = 0;
+  HugePageBuffer storage_;          // [seq][layer][K|V][block], on huge pages
   std::vector<int32_t> block_ids_;  // 0, 1, ..., n_blocks_ - 1
 };
 

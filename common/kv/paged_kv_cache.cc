@@ -10,20 +10,9 @@
 #include "common/kv/kv_dtype.h"
 
 namespace tripod {
-namespace {
-
-constexpr std::align_val_t kAlign{64};
-
-void FreeStorage(uint8_t* p) { ::operator delete[](p, kAlign); }
-
-}  // namespace
 
 PagedKvCache::PagedKvCache(const KvLayout& layout, int block_tokens, int num_blocks)
-    : layout_(layout),
-      block_tokens_(block_tokens),
-      storage_(nullptr, FreeStorage),
-      pool_(num_blocks),
-      prefix_(num_blocks) {}
+    : layout_(layout), block_tokens_(block_tokens), pool_(num_blocks), prefix_(num_blocks) {}
 
 absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKvOptions& o) {
   const KvLayout& l = o.layout;
@@ -57,13 +46,14 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   c->array_bytes_ = c->block_bytes_ * num_blocks;
   c->bytes_ = c->array_bytes_ * 2 * l.n_layers;
   c->watermark_blocks_ = static_cast<int>(o.watermark * num_blocks);
-  // Left uninitialised: a slot is written before any query may read it.
-  uint8_t* mem = static_cast<uint8_t*>(::operator new[](c->bytes_, kAlign, std::nothrow));
-  if (mem == nullptr) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("paged KV cache: cannot allocate ", c->bytes_, " bytes"));
+  // On huge pages (see huge_pages.h); zero pages until written, and a slot is written before
+  // any query may read it.
+  absl::StatusOr<HugePageBuffer> mem = HugePageBuffer::Allocate(c->bytes_);
+  if (!mem.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("paged KV cache: cannot allocate ", c->bytes_,
+                                                     " bytes: ", mem.status().message()));
   }
-  c->storage_.reset(mem);
+  c->storage_ = std::move(mem).value();
   return c;
 }
 
@@ -91,7 +81,7 @@ KvLayerRef PagedKvCache::Layer(int32_t seq, int layer) {
   KvLayerRef r;
   const Seq* s = Find(seq);
   if (s == nullptr || layer < 0 || layer >= layout_.n_layers) return r;
-  uint8_t* base = storage_.get() + size_t{2} * layer * array_bytes_;
+  uint8_t* base = storage_.data() + size_t{2} * layer * array_bytes_;
   r.k_base = base;
   r.v_base = base + array_bytes_;
   r.block_ids = s->blocks.data();
@@ -148,7 +138,7 @@ int PagedKvCache::AttachCachedPrefix(int32_t seq, std::span<const int32_t> token
         const int32_t copy = AllocateBlock();
         if (copy >= 0) {
           for (int layer = 0; layer < layout_.n_layers; ++layer) {
-            uint8_t* base = storage_.get() + size_t{2} * layer * array_bytes_;
+            uint8_t* base = storage_.data() + size_t{2} * layer * array_bytes_;
             for (uint8_t* arr : {base, base + array_bytes_}) {
               std::memcpy(arr + size_t{1} * copy * block_bytes_,
                           arr + size_t{1} * hit->block * block_bytes_, block_bytes_);

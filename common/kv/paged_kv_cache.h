@@ -19,6 +19,7 @@
 #include "common/kv/kv_snapshot.h"
 #include "common/kv/kv_store.h"
 #include "common/kv/prefix_cache.h"
+#include "common/util/huge_pages.h"
 
 namespace tripod {
 
@@ -117,7 +118,7 @@ class PagedKvCache final : public KvStore {
   size_t array_bytes_ = 0;  // num_blocks * block_bytes_
   size_t bytes_ = 0;
   int watermark_blocks_ = 0;
-  std::unique_ptr<uint8_t[], void (*)(uint8_t*)> storage_;  // [layer][K|V][block]
+  HugePageBuffer storage_;  // [layer][K|V][block]
   BlockPool pool_;
   PrefixCache prefix_;
   absl::flat_hash_map<int32_t, Seq> seqs_;

@@ -58,6 +58,9 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }
   const std::string& path() const { return file_->path(); }
+  // Drops the process's pages of a tensor's bytes (they stay in the file; see
+  // MmapFile::ReleasePages).
+  void ReleasePages(const GgufTensorInfo& t) const { file_->ReleasePages(t.data, t.n_bytes); }
 
   const std::map<std::string, GgufValue>& metadata() const { return metadata_; }
   const GgufValue* Find(const std::string& key) const;

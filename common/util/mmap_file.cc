@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -56,6 +57,16 @@ std::unique_ptr<MmapFile> MmapFile::FromMemory(const void* data, size_t size, st
 
 MmapFile::~MmapFile() {
   if (owned_ && data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void MmapFile::ReleasePages(const void* p, size_t bytes) const {
+  if (!owned_ || p == nullptr) return;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(data_);
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = std::min(reinterpret_cast<uintptr_t>(p) + bytes, lo + size_) / page * page;
+  if (begin < lo || end <= begin) return;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 absl::StatusOr<std::span<const uint8_t>> MmapFile::Range(uint64_t offset, uint64_t length) const {

@@ -25,6 +25,11 @@ class MmapFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
 
+  // Drops this process's pages of the page-aligned interior of [p, p + bytes) (inside the
+  // mapping); a later access reads them back from the file. For bytes copied elsewhere (the CPU
+  // backend's weights), so that they are not resident twice. A no-op for FromMemory.
+  void ReleasePages(const void* p, size_t bytes) const;
+
   // [offset, offset + length) or an OutOfRange error naming the file and the range.
   absl::StatusOr<std::span<const uint8_t>> Range(uint64_t offset, uint64_t length) const;
 

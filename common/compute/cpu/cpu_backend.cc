@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/attention.h"
 #include "common/compute/cpu/cpu_features.h"
+#include "common/util/huge_pages.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
@@ -26,6 +28,9 @@ namespace {
 class CpuMatrix final : public PreparedMatrix {
  public:
   std::vector<QuantPart> parts;  // stacked along n: part p is output rows [col, col + q.n)
+  // Where the parts' bytes live when they were copied out of the GGUF (the backend's weight
+  // arena, on huge pages); null while they point into the mapping.
+  std::shared_ptr<HugePageArena> arena;
   // Per part, [k] input-column scales (folded norm weight); empty: none.
   std::vector<std::vector<float>> col_scales;
   int64_t n_ = 0, k_ = 0;
@@ -155,7 +160,8 @@ int64_t RowGrain(int64_t row_floats) { return std::max<int64_t>(1, 16384 / (row_
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(const CpuBackendOptions& o) : opts_(o) {}
+  explicit CpuBackend(const CpuBackendOptions& o)
+      : opts_(o), arena_(std::make_shared<HugePageArena>()) {}
 
   std::string name() const override {
     std::string few;
@@ -182,9 +188,21 @@ class CpuBackend final : public Backend {
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
       std::span<const GgufTensorInfo* const> parts) override {
     ASSIGN_OR_RETURN(std::unique_ptr<PreparedMatrix> m, PrepareUnpacked(parts));
-    if (opts_.prepack_at_load) RETURN_IF_ERROR(static_cast<CpuMatrix&>(*m).EnsureGemm());
+    auto& cm = static_cast<CpuMatrix&>(*m);
+    // The GEMVs stream these bytes every decode step: copy them onto huge pages (see
+    // huge_pages.h for why and by how much).
+    for (QuantPart& p : cm.parts) {
+      const size_t bytes = static_cast<size_t>(p.q.row_bytes) * p.q.n;
+      ASSIGN_OR_RETURN(uint8_t * copy, arena_->Allocate(bytes));
+      std::memcpy(copy, p.q.data, bytes);
+      p.q.data = copy;
+    }
+    cm.arena = arena_;
+    if (opts_.prepack_at_load) RETURN_IF_ERROR(cm.EnsureGemm());
     return m;
   }
+
+  bool CopiesWeights() const override { return true; }
 
   // The parts bound as quantised blocks, the GEMM form not yet built.
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareUnpacked(
@@ -355,6 +373,7 @@ class CpuBackend final : public Backend {
 
  private:
   CpuBackendOptions opts_;
+  std::shared_ptr<HugePageArena> arena_;  // PrepareMatrix's weight copies
   std::vector<float> tmp_;  // Linear's accumulate scratch: one forward at a time per backend
   std::vector<AttentionArgs> invariant_args_;  // Attention's copy of the args (batch_invariant)
 };
