@@ -3,9 +3,10 @@
 # 20-40 % from minute to minute (a shared VM): A and B run in turns, so a slow stretch hits both,
 # and each pair's ratio B/A is what counts. Prints a line per pair and a JSON summary (median of
 # A, of B and of the pair ratios). Builds nothing.
-#   bench/ab.sh [-n PAIRS] [-m MATCH] KEY -- COMMAND_A... -- COMMAND_B...
-# KEY: the numeric JSON field to compare (e.g. decode_tok_s); MATCH: a fixed string that picks
-# the output line (default: the last line carrying KEY). PAIRS: 3 unless given.
+#   bench/ab.sh [-n PAIRS] [-m MATCH] [-b KEY_B] KEY -- COMMAND_A... -- COMMAND_B...
+# KEY: the numeric JSON field to compare (e.g. decode_tok_s); KEY_B: B's field where it differs
+# (llama-bench -o jsonl calls it avg_ts); MATCH: a fixed string that picks the output line
+# (default: the last line carrying the key). PAIRS: 3 unless given.
 # Example: A against B binaries of bench/forward at a 2048-token context:
 #   bench/ab.sh -n 5 decode_tok_s -- /tmp/a/forward --lengths 2048 -- build/release/bench/forward \
 #     --lengths 2048
@@ -13,6 +14,7 @@ set -euo pipefail
 
 pairs=3
 match=""
+key_b=""
 while [[ $# -gt 0 && "$1" == -* && "$1" != "--" ]]; do
   case "$1" in
     -n)
@@ -21,6 +23,10 @@ while [[ $# -gt 0 && "$1" == -* && "$1" != "--" ]]; do
       ;;
     -m)
       match=${2:-}
+      shift 2
+      ;;
+    -b)
+      key_b=${2:-}
       shift 2
       ;;
     *)
@@ -39,6 +45,11 @@ if [[ -z "$key" || ! "$key" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
   exit 2
 fi
 shift
+key_b=${key_b:-$key}
+if [[ ! "$key_b" =~ ^[A-Za-z_][A-Za-z0-9_]*$ ]]; then
+  echo "ab: -b takes a JSON field name (got '$key_b')" >&2
+  exit 2
+fi
 if [[ "${1:-}" != "--" ]]; then
   echo "ab: expected -- before command A" >&2
   exit 2
@@ -60,8 +71,10 @@ if [[ ${#cmd_a[@]} -eq 0 || ${#cmd_b[@]} -eq 0 ]]; then
   exit 2
 fi
 
-# Runs a command; prints KEY's value from the chosen line, or fails with the output shown.
+# value_of FIELD COMMAND...: FIELD's value in the chosen output line, or fails showing the output.
 value_of() {
+  local key=$1
+  shift
   local out
   if ! out=$("$@" 2>&1); then
     echo "ab: failed: $*" >&2
@@ -69,9 +82,9 @@ value_of() {
     return 1
   fi
   local line
-  line=$(grep -F -- "\"$key\":" <<<"$out" | { if [[ -n "$match" ]]; then grep -F -- "$match"; else cat; fi; } | tail -n 1 || true)
+  line=$(grep -E -- "\"$key\"[[:space:]]*:" <<<"$out" | { if [[ -n "$match" ]]; then grep -F -- "$match"; else cat; fi; } | tail -n 1 || true)
   local v
-  v=$(sed -n "s/.*\"$key\":\([-0-9.eE+]*\).*/\1/p" <<<"$line")
+  v=$(sed -n "s/.*\"$key\"[[:space:]]*:[[:space:]]*\([-0-9.eE+]*\).*/\1/p" <<<"$line")
   if [[ -z "$v" ]]; then
     echo "ab: no \"$key\" in the output of: $*" >&2
     tail -n 5 <<<"$out" >&2
@@ -83,12 +96,12 @@ value_of() {
 as=()
 bs=()
 for ((i = 1; i <= pairs; ++i)); do
-  a=$(value_of "${cmd_a[@]}")
-  b=$(value_of "${cmd_b[@]}")
+  a=$(value_of "$key" "${cmd_a[@]}")
+  b=$(value_of "$key_b" "${cmd_b[@]}")
   as+=("$a")
   bs+=("$b")
-  awk -v i="$i" -v a="$a" -v b="$b" -v k="$key" \
-    'BEGIN { printf "ab: pair %d: A %s=%s  B %s=%s  B/A %.3f\n", i, k, a, k, b, (a != 0 ? b / a : 0) }' >&2
+  awk -v i="$i" -v a="$a" -v b="$b" -v k="$key" -v kb="$key_b" \
+    'BEGIN { printf "ab: pair %d: A %s=%s  B %s=%s  B/A %.3f\n", i, k, a, kb, b, (a != 0 ? b / a : 0) }' >&2
 done
 
 awk -v k="$key" -v as="${as[*]}" -v bs="${bs[*]}" '
