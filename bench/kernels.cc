@@ -27,6 +27,7 @@
 #include "common/compute/cpu/gemm_onednn.h"
 #include "common/compute/cpu/quant_gemv.h"
 #include "common/model/quant_types.h"
+#include "common/util/huge_pages.h"
 #include "common/util/thread_pool.h"
 
 ABSL_FLAG(int, threads, 2, "compute threads");
@@ -337,23 +338,13 @@ Kv MakeKv(KvDtype dt, int n_kv, int d, int slots) {
   return kv;
 }
 
-// Anonymous memory with transparent huge pages requested (as the paged KV pool does), unless
-// TRIPOD_NO_HUGEPAGES is set (to measure the difference).
-struct HugeBuffer {
-  uint8_t* p = nullptr;
-  size_t n = 0;
-  void Allocate(size_t bytes) {
-    n = bytes;
-    p = static_cast<uint8_t*>(
-        mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
-    if (std::getenv("TRIPOD_NO_HUGEPAGES") == nullptr) madvise(p, n, MADV_HUGEPAGE);
-    std::memset(p, 0, n);
-  }
-  uint8_t* data() { return p; }
-  ~HugeBuffer() {
-    if (p != nullptr) munmap(p, n);
-  }
-};
+// The paged KV pool's memory (huge pages), or 4 KiB pages when TRIPOD_NO_HUGEPAGES is set (to
+// measure the difference).
+HugePageBuffer KvMemory(size_t bytes) {
+  HugePageBuffer b = HugePageBuffer::Allocate(bytes).value();
+  if (std::getenv("TRIPOD_NO_HUGEPAGES") != nullptr) madvise(b.data(), b.size(), MADV_NOHUGEPAGE);
+  return b;
+}
 
 // A continuous-batching decode step's attention: kSeqs sequences at context kCtx in 16-slot
 // blocks of one pool, 30 layers cycled, one call. Each sequence's blocks are consecutive in
@@ -363,15 +354,15 @@ void BenchBatchedDecode(KvDtype dt, int kSeqs, int kCtx, bool scattered) {
   const int blocks_per_seq = kCtx / kBt, n_blocks = kSeqs * blocks_per_seq;
   const size_t block_bytes = size_t(KVH) * kBt * KvRowBytes(dt, D);
   std::mt19937 rng(5);
-  std::vector<HugeBuffer> k(kLayers), v(kLayers);
+  std::vector<HugePageBuffer> k, v;
   std::vector<int32_t> ids(n_blocks);
   for (int i = 0; i < n_blocks; ++i) ids[i] = i;
   if (scattered) std::shuffle(ids.begin(), ids.end(), rng);
   std::vector<float> rows(size_t(kBt) * KVH * D);
   for (auto& x : rows) x = std::normal_distribution<float>()(rng);
   for (int l = 0; l < kLayers; ++l) {
-    k[l].Allocate(n_blocks * block_bytes);
-    v[l].Allocate(n_blocks * block_bytes);
+    k.push_back(KvMemory(n_blocks * block_bytes));
+    v.push_back(KvMemory(n_blocks * block_bytes));
     for (int b = 0; b < n_blocks; ++b) {
       const int32_t one = b;
       KvLayerRef r{k[l].data(), v[l].data(), &one, 1, kBt, block_bytes, dt};
