@@ -185,6 +185,15 @@ void BenchGemv() {
   model.push_back(MakeBenchMatrix("head", GgmlType::kQ8_0, 49152, 576, rng));
   int64_t model_bytes = 0;
   for (const BenchMatrix& m : model) model_bytes += Bytes(m.q);
+  // The same matrices with rows interleaved, as the CPU backend prepares them.
+  std::vector<BenchMatrix> model_il;
+  for (const BenchMatrix& m : model) {
+    BenchMatrix c{m.name, std::vector<uint8_t>(m.bytes.size()), m.q};
+    InterleaveRows(m.q, c.bytes.data());
+    c.q.data = c.bytes.data();
+    c.q.interleave = kInterleaveRows;
+    model_il.push_back(std::move(c));
+  }
 
   std::vector<BenchMatrix> single;
   single.push_back(MakeBenchMatrix("Q4_1 576x576 (q, o)", GgmlType::kQ4_1, 576, 576, rng));
@@ -236,23 +245,27 @@ void BenchGemv() {
   std::printf("\n## QuantGemm, decode pass over all %zu matrices (%.1f MB, from DRAM)\n\n",
               model.size(), model_bytes / 1e6);
   std::printf(
-      "| mode | isa | m | threads | ms best | ms median | GB/s (best) | passes/s (best) |\n");
-  std::printf("|---|---|---:|---:|---:|---:|---:|---:|\n");
+      "| mode | isa | m | threads | layout | ms best | ms median | GB/s (best) | passes/s (best) "
+      "|\n");
+  std::printf("|---|---|---:|---:|---|---:|---:|---:|---:|\n");
   for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
     for (IsaLevel isa : isas) {
       SetIsaCap(isa);
       for (int m : ms) {
         for (int th = 1; th <= max_threads; th *= 2) {
           SetComputeThreads(th);
-          const CallTimes t = TimeCalls([&] {
-            for (const BenchMatrix& w : model) {
-              QuantGemm(w.q, x.data(), m, w.q.k, y.data(), w.q.n, mode);
-            }
-          });
-          std::printf("| %s | %s | %d | %d | %.2f | %.2f | %.1f | %.0f |\n", GemvModeName(mode),
-                      IsaName(isa), m, th, t.best * 1e3, t.median * 1e3, model_bytes / t.best / 1e9,
-                      1.0 / t.best);
-          std::fflush(stdout);
+          for (const std::vector<BenchMatrix>* mats : {&model, &model_il}) {
+            const CallTimes t = TimeCalls([&] {
+              for (const BenchMatrix& w : *mats) {
+                QuantGemm(w.q, x.data(), m, w.q.k, y.data(), w.q.n, mode);
+              }
+            });
+            std::printf("| %s | %s | %d | %d | %s | %.2f | %.2f | %.1f | %.0f |\n",
+                        GemvModeName(mode), IsaName(isa), m, th,
+                        mats == &model ? "gguf" : "interleaved", t.best * 1e3, t.median * 1e3,
+                        model_bytes / t.best / 1e9, 1.0 / t.best);
+            std::fflush(stdout);
+          }
         }
       }
     }

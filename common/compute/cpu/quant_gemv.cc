@@ -50,6 +50,13 @@ inline float Bf16Bits(const uint8_t* p) {
   return f;
 }
 
+// Row j's bytes in GGUF layout: in place, or copied into buf (row_bytes) if w is interleaved.
+const uint8_t* RowBytesAt(const QuantMatrix& w, int64_t j, uint8_t* buf) {
+  if (w.interleave == 1) return static_cast<const uint8_t*>(w.data) + j * w.row_bytes;
+  CopyRowOut(w, j, buf);
+  return buf;
+}
+
 // Dequantises one row of the types the vector kernels handle (the scalar F32 reference).
 void DequantRowScalar(GgmlType type, const uint8_t* row, int64_t k, float* out) {
   switch (type) {
@@ -164,10 +171,11 @@ void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
 bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
              int64_t j1) {
   thread_local std::vector<float> buf;
+  thread_local std::vector<uint8_t> row;
   buf.resize(w.k);
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  row.resize(w.row_bytes);
   for (int64_t j = j0; j < j1; ++j) {
-    DequantRowScalar(w.type, base + j * w.row_bytes, w.k, buf.data());
+    DequantRowScalar(w.type, RowBytesAt(w, j, row.data()), w.k, buf.data());
     for (int i = 0; i < xa.m; ++i) {
       const float* xi = xa.x + i * xa.ldx;
       float s = 0.0f;
@@ -190,9 +198,10 @@ bool RowsIntRef(const QuantMatrix& w, const Q* q, const float* scale, const floa
     return false;
   }
   const int bytes = w.type == GgmlType::kQ4_0 ? 18 : w.type == GgmlType::kQ4_1 ? 20 : 34;
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  thread_local std::vector<uint8_t> row_buf;
+  row_buf.resize(w.row_bytes);
   for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* row = base + j * w.row_bytes;
+    const uint8_t* row = RowBytesAt(w, j, row_buf.data());
     for (int i = 0; i < m; ++i) {
       float s = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
@@ -231,6 +240,56 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
 
 }  // namespace scalar
 }  // namespace qgemv
+
+namespace {
+
+int InterleaveBlockBytes(GgmlType t) {
+  switch (t) {
+    case GgmlType::kQ4_0:
+      return 18;
+    case GgmlType::kQ4_1:
+      return 20;
+    case GgmlType::kQ8_0:
+      return 34;
+    default:
+      return 0;
+  }
+}
+
+}  // namespace
+
+bool CanInterleave(const QuantMatrix& w) {
+  const int bb = InterleaveBlockBytes(w.type);
+  return bb > 0 && w.interleave == 1 && w.k > 0 && w.k % 32 == 0 && w.row_bytes == w.k / 32 * bb;
+}
+
+void InterleaveRows(const QuantMatrix& w, void* dst) {
+  const int64_t bb = InterleaveBlockBytes(w.type), nb = w.k / 32, g = kInterleaveRows;
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  auto* out = static_cast<uint8_t*>(dst);
+  const int64_t grouped = w.n / g * g;
+  for (int64_t j0 = 0; j0 < grouped; j0 += g) {
+    const uint8_t* in = src + j0 * w.row_bytes;
+    uint8_t* o = out + j0 * w.row_bytes;
+    for (int64_t b = 0; b < nb; ++b) {
+      for (int64_t r = 0; r < g; ++r)
+        std::memcpy(o + (b * g + r) * bb, in + r * w.row_bytes + b * bb, bb);
+    }
+  }
+  std::memcpy(out + grouped * w.row_bytes, src + grouped * w.row_bytes,
+              static_cast<size_t>(w.n - grouped) * w.row_bytes);
+}
+
+void CopyRowOut(const QuantMatrix& w, int64_t j, uint8_t* out) {
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  if (j >= InterleavedRows(w)) {
+    std::memcpy(out, src + j * w.row_bytes, w.row_bytes);
+    return;
+  }
+  const int64_t bb = InterleaveBlockBytes(w.type), g = w.interleave, nb = w.k / 32;
+  const uint8_t* group = src + (j - j % g) * w.row_bytes + (j % g) * bb;
+  for (int64_t b = 0; b < nb; ++b) std::memcpy(out + b * bb, group + b * g * bb, bb);
+}
 
 namespace {
 

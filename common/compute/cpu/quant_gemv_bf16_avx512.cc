@@ -95,20 +95,20 @@ inline void Q41Scales16(const uint8_t* blk, float* d, float* mn) {
 // Prefetch distance in the weight stream (the rows of a range are one contiguous stream).
 constexpr int kPrefetchBytes = 4096;
 
-// Block b of R consecutive weight rows (row0, rows rb bytes apart), with those blocks' scales
-// d[r] (and Q4_1 minima mn[r]), into the R x MG accumulators against MG x rows.
-template <GgmlType T, int R, int MG>
-inline void BlockStep(const uint8_t* row0, int64_t rb, const uint16_t* x, int64_t k, int64_t b,
+// Block b of R weight rows (row r's blocks at row0 + r * rs + b * BS, see GroupBf16), with those
+// blocks' scales d[r] (and Q4_1 minima mn[r]), into the R x MG accumulators against MG x rows.
+template <GgmlType T, int R, int MG, int IL>
+inline void BlockStep(const uint8_t* row0, int64_t rs, const uint16_t* x, int64_t k, int64_t b,
                       const float* d, const float* mn, __m512 iota, __m512 (&acc)[R][MG]) {
-  constexpr int kB = kBlockBytes<T>;
-  _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB), _MM_HINT_T0);
-  if constexpr (R * kB > 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB + 64),
-                 _MM_HINT_T0);
-  }
+  constexpr int kB = kBlockBytes<T>, BS = IL * kB;
+  constexpr int kStep = IL == 1 ? R * kB : BS;  // bytes the group's stream advances per block
+  const char* pf = reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * kStep);
+  _mm_prefetch(pf, _MM_HINT_T0);
+  if constexpr (kStep > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
+  if constexpr (kStep > 128) _mm_prefetch(pf + 128, _MM_HINT_T0);
   __m512bh w[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(row0 + r * rb + b * kB, d[r], mn[r], iota);
+  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(row0 + r * rs + b * BS, d[r], mn[r], iota);
 #pragma GCC unroll 16
   for (int i = 0; i < MG; ++i) {
     const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * k + b * 32));
@@ -117,11 +117,13 @@ inline void BlockStep(const uint8_t* row0, int64_t rb, const uint16_t* x, int64_
   }
 }
 
-// R consecutive weight rows (row0, rows rb bytes apart) against x rows i0 .. i0 + MG - 1.
-template <GgmlType T, int R, int MG>
-inline void GroupBf16(const uint8_t* row0, int64_t rb, const Bf16Act& xa, int i0, float* y,
+// R weight rows against x rows i0 .. i0 + MG - 1. IL = 1: GGUF rows, row r at row0 + r * rs
+// (rs: the row bytes). IL > 1 (QuantMatrix::interleave): rows r0 .. r0 + R - 1 of an interleaved
+// group whose row 0 starts at row0 - r0 * kB; row r's block b at row0 + r * kB + b * IL * kB.
+template <GgmlType T, int R, int MG, int IL>
+inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa, int i0, float* y,
                       int64_t ldy) {
-  constexpr int kB = kBlockBytes<T>;
+  constexpr int kB = kBlockBytes<T>, BS = IL * kB;
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[R][MG];
 #pragma GCC unroll 8
@@ -131,30 +133,44 @@ inline void GroupBf16(const uint8_t* row0, int64_t rb, const Bf16Act& xa, int i0
   const uint16_t* x = xa.x + int64_t{i0} * xa.k;
   float d[R], mn[R];
   int64_t b = 0;
-  if constexpr (T == GgmlType::kQ4_1) {
-    // Whole chunks of 16 blocks take their scales from Q41Scales16.
+  if constexpr (T == GgmlType::kQ4_1 && (IL == 1 || IL == 4)) {
+    // Whole chunks of 16 blocks take their scales from Q41Scales16: per row (GGUF), or per 4
+    // blocks of all 4 interleaved rows (16 consecutive blocks there), block c of row r at 4c + r.
     alignas(64) float dc[R][16], mc[R][16];
+    alignas(64) float td[64], tm[64];
     for (; b + 16 <= xa.nb; b += 16) {
+      if constexpr (IL == 1) {
 #pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rb + b * kB, dc[r], mc[r]);
+        for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rs + b * kB, dc[r], mc[r]);
+      } else {
+        const uint8_t* group = row0 - r0 * kB + b * BS;
+        for (int c4 = 0; c4 < 4; ++c4)
+          Q41Scales16(group + c4 * 16 * kB, td + 16 * c4, tm + 16 * c4);
+        for (int r = 0; r < R; ++r) {
+          for (int c = 0; c < 16; ++c) {
+            dc[r][c] = td[4 * c + r0 + r];
+            mc[r][c] = tm[4 * c + r0 + r];
+          }
+        }
+      }
       for (int c = 0; c < 16; ++c) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           d[r] = dc[r][c];
           mn[r] = mc[r][c];
         }
-        BlockStep<T, R, MG>(row0, rb, x, xa.k, b + c, d, mn, iota, acc);
+        BlockStep<T, R, MG, IL>(row0, rs, x, xa.k, b + c, d, mn, iota, acc);
       }
     }
   }
   for (; b < xa.nb; ++b) {
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = row0 + r * rb + b * kB;
+      const uint8_t* blk = row0 + r * rs + b * BS;
       d[r] = Half(blk);
       mn[r] = T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f;
     }
-    BlockStep<T, R, MG>(row0, rb, x, xa.k, b, d, mn, iota, acc);
+    BlockStep<T, R, MG, IL>(row0, rs, x, xa.k, b, d, mn, iota, acc);
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MG; ++i)
@@ -171,13 +187,29 @@ constexpr int RowsPerGroup() {
 template <GgmlType T, int MG>
 void RangeMG(const QuantMatrix& w, const Bf16Act& xa, int i0, float* y, int64_t ldy, int64_t j0,
              int64_t j1) {
-  constexpr int R = RowsPerGroup<MG>();
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const int64_t rb = w.row_bytes;
   int64_t j = j0;
-  for (; j + R <= j1; j += R) {
-    GroupBf16<T, R, MG>(base + j * w.row_bytes, w.row_bytes, xa, i0, y + j, ldy);
+  if (w.interleave == kInterleaveRows) {
+    constexpr int IL = kInterleaveRows, kB = kBlockBytes<T>;
+    constexpr int R = std::min(IL, RowsPerGroup<MG>());
+    static_assert(IL % R == 0);
+    const int64_t grouped = std::min(j1, InterleavedRows(w));
+    while (j < grouped) {
+      const int r0 = static_cast<int>(j % IL);
+      const uint8_t* row = base + (j - r0) * rb + r0 * kB;
+      if (r0 % R == 0 && j + R <= grouped) {
+        GroupBf16<T, R, MG, IL>(row, kB, r0, xa, i0, y + j, ldy);
+        j += R;
+      } else {
+        GroupBf16<T, 1, MG, IL>(row, kB, r0, xa, i0, y + j, ldy);
+        ++j;
+      }
+    }
   }
-  for (; j < j1; ++j) GroupBf16<T, 1, MG>(base + j * w.row_bytes, w.row_bytes, xa, i0, y + j, ldy);
+  constexpr int R = RowsPerGroup<MG>();
+  for (; j + R <= j1; j += R) GroupBf16<T, R, MG, 1>(base + j * rb, rb, 0, xa, i0, y + j, ldy);
+  for (; j < j1; ++j) GroupBf16<T, 1, MG, 1>(base + j * rb, rb, 0, xa, i0, y + j, ldy);
 }
 
 template <GgmlType T>

@@ -112,11 +112,10 @@ inline __m256i Dwords8(const uint8_t* blk) {
   return _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
 }
 
-// Scales of the cnt (1..8) blocks starting at blk, lanes >= cnt zero: d[j] = the block's fp16
-// scale; for Q4_1 mn[j] = its fp16 minimum (else 0).
-template <GgmlType T>
+// Scales of the cnt (1..8) blocks starting at blk, kB bytes apart, lanes >= cnt zero: d[j] = the
+// block's fp16 scale; for Q4_1 mn[j] = its fp16 minimum (else 0).
+template <GgmlType T, int kB>
 inline void Scales8(const uint8_t* blk, int cnt, __m256* d, __m256* mn) {
-  constexpr int kB = kBlockBytes<T>;
   if (cnt >= 8) {
     // Per 128-bit lane the words d0 x0 d1 x1 d2 x2 d3 x3 (x: Q4_1's minimum, else the next
     // bytes) -> d0 d1 d2 d3 x0 x1 x2 x3; then the d quarters of both lanes to the low lane.
@@ -141,14 +140,27 @@ constexpr int kChunk = 64;
 // Zen 3 (1 KB: -25 %, 2 KB: -30 %, 4 KB: best, 8-16 KB: worse again).
 constexpr int kPrefetchBytes = 4096;
 
-// Prefetches the part of the stream a group of R rows will read kPrefetchBytes later: the
-// group reads R * kB bytes per block step, i.e. up to two cache lines.
-template <int R, int kB>
+// Prefetches the part of the stream a row group will read kPrefetchBytes later: the group
+// reads kStep bytes per block step (R rows' blocks), i.e. up to three cache lines.
+template <int kStep>
 inline void PrefetchAhead(const uint8_t* row0, int64_t b) {
-  const char* p = reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * R * kB);
+  const char* p = reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * kStep);
   _mm_prefetch(p, _MM_HINT_T0);
-  if constexpr (R * kB > 64) _mm_prefetch(p + 64, _MM_HINT_T0);
+  if constexpr (kStep > 64) _mm_prefetch(p + 64, _MM_HINT_T0);
+  if constexpr (kStep > 128) _mm_prefetch(p + 128, _MM_HINT_T0);
 }
+
+// Where a row group's blocks lie. GGUF layout (IL = 1): row r at row0 + r * rs (rs: the row
+// bytes), its blocks kB apart. Interleaved (IL rows a group, QuantMatrix::interleave): the group's
+// rows take turns block by block, so row r's block b is at row0 + (b * IL + r) * kB (rs = kB) and
+// the group reads one stream. BS: the bytes from one block of a row to its next.
+template <GgmlType T, int IL>
+constexpr int kBlockStride = IL* kBlockBytes<T>;
+
+// Bytes a group of R rows reads per block step: R blocks, or with interleaving the whole
+// interleaved group's step (its other rows' blocks share the cache lines).
+template <GgmlType T, int R, int IL>
+constexpr int kStepBytes = IL == 1 ? R* kBlockBytes<T> : IL* kBlockBytes<T>;
 
 // How a block kernel multiplies: fp32 x against the weights' integer values, or x quantised to
 // int8 / int16 with integer dot products.
@@ -186,10 +198,10 @@ inline void StoreSums(__m256 (&acc)[R][MG], float* y, int64_t ldy) {
 }
 
 // R consecutive weight rows (row0, row stride rb) against x rows i0 .. i0 + MG - 1, int8 mode.
-template <class Isa, GgmlType T, int R, int MG>
-inline void GroupInt8(const uint8_t* row0, int64_t rb, const Int8Act& xa, int i0, float* y,
+template <class Isa, GgmlType T, int R, int MG, int IL>
+inline void GroupInt8(const uint8_t* row0, int64_t rs, const Int8Act& xa, int i0, float* y,
                       int64_t ldy) {
-  constexpr int kB = kBlockBytes<T>;
+  constexpr int kB = kBlockBytes<T>, BS = kBlockStride<T, IL>;
   const int64_t nb = xa.nb;
   __m256 acc[R][MG];
 #pragma GCC unroll 8
@@ -209,7 +221,7 @@ inline void GroupInt8(const uint8_t* row0, int64_t rb, const Int8Act& xa, int i0
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256 d, mn;
-        Scales8<T>(row0 + r * rb + (c0 + g) * kB, cnt, &d, &mn);
+        Scales8<T, BS>(row0 + r * rs + (c0 + g) * BS, cnt, &d, &mn);
         if constexpr (T == GgmlType::kQ4_0) mn = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
 #pragma GCC unroll 4
         for (int i = 0; i < MG; ++i) {
@@ -222,7 +234,7 @@ inline void GroupInt8(const uint8_t* row0, int64_t rb, const Int8Act& xa, int i0
       }
     }
     for (int b = 0; b < nc; ++b) {
-      PrefetchAhead<R, kB>(row0, c0 + b);
+      PrefetchAhead<kStepBytes<T, R, IL>>(row0, c0 + b);
       __m256i xv[MG];
 #pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) {
@@ -230,7 +242,7 @@ inline void GroupInt8(const uint8_t* row0, int64_t rb, const Int8Act& xa, int i0
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = row0 + r * rb + (c0 + b) * kB;
+        const uint8_t* blk = row0 + r * rs + (c0 + b) * BS;
         if constexpr (T == GgmlType::kQ8_0) {
           // u8 x s8 multiplies: |w| against x carrying w's sign.
           const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
@@ -261,10 +273,10 @@ inline void GroupInt8(const uint8_t* row0, int64_t rb, const Int8Act& xa, int i0
 }
 
 // R consecutive weight rows against x rows i0 .. i0 + MG - 1, fp32 mode (Q4_0, Q4_1, Q8_0).
-template <GgmlType T, int R, int MG>
-inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, float* y,
+template <GgmlType T, int R, int MG, int IL>
+inline void GroupF32(const uint8_t* row0, int64_t rs, const F32Act& xa, int i0, float* y,
                      int64_t ldy) {
-  constexpr int kB = kBlockBytes<T>;
+  constexpr int kB = kBlockBytes<T>, BS = kBlockStride<T, IL>;
   const int64_t nb = xa.nb;
   __m256 acc[R][MG];
 #pragma GCC unroll 8
@@ -282,7 +294,7 @@ inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, 
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256 d, mn;
-        Scales8<T>(row0 + r * rb + (c0 + g) * kB, cnt, &d, &mn);
+        Scales8<T, BS>(row0 + r * rs + (c0 + g) * BS, cnt, &d, &mn);
         _mm256_store_ps(&sc[r][g], d);
         if constexpr (T != GgmlType::kQ8_0) {
           if constexpr (T == GgmlType::kQ4_0) mn = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
@@ -294,10 +306,10 @@ inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, 
       }
     }
     for (int b = 0; b < nc; ++b) {
-      PrefetchAhead<R, kB>(row0, c0 + b);
+      PrefetchAhead<kStepBytes<T, R, IL>>(row0, c0 + b);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = row0 + r * rb + (c0 + b) * kB;
+        const uint8_t* blk = row0 + r * rs + (c0 + b) * BS;
         // The block's integer weights as floats, elements 0-7, 8-15, 16-23, 24-31.
         __m256 w[4];
         if constexpr (T == GgmlType::kQ8_0) {
@@ -339,10 +351,10 @@ inline void GroupF32(const uint8_t* row0, int64_t rb, const F32Act& xa, int i0, 
 // fp32 block sums, 8 blocks per FMA as in fp32 mode. Its scale tables are built as GroupInt8's,
 // written out again: a shared helper taking the tables and accumulators by reference measured
 // 2-5 % slower (Zen 4, one core).
-template <class Isa, GgmlType T, int R, int MG>
-inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int i0, float* y,
+template <class Isa, GgmlType T, int R, int MG, int IL>
+inline void GroupInt16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0, float* y,
                        int64_t ldy) {
-  constexpr int kB = kBlockBytes<T>;
+  constexpr int kB = kBlockBytes<T>, BS = kBlockStride<T, IL>;
   const int64_t nb = xa.nb;
   __m256 acc[R][MG];
 #pragma GCC unroll 8
@@ -361,7 +373,7 @@ inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int 
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256 d, mn;
-        Scales8<T>(row0 + r * rb + (c0 + g) * kB, cnt, &d, &mn);
+        Scales8<T, BS>(row0 + r * rs + (c0 + g) * BS, cnt, &d, &mn);
         if constexpr (T == GgmlType::kQ4_0) mn = _mm256_mul_ps(d, _mm256_set1_ps(-8.0f));
 #pragma GCC unroll 4
         for (int i = 0; i < MG; ++i) {
@@ -374,7 +386,7 @@ inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int 
       }
     }
     for (int b = 0; b < nc; ++b) {
-      PrefetchAhead<R, kB>(row0, c0 + b);
+      PrefetchAhead<kStepBytes<T, R, IL>>(row0, c0 + b);
       __m256i xl[MG], xh[MG];  // x's elements 0-15 and 16-31
 #pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) {
@@ -384,7 +396,7 @@ inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int 
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const uint8_t* blk = row0 + r * rb + (c0 + b) * kB;
+        const uint8_t* blk = row0 + r * rs + (c0 + b) * BS;
         __m256i lo, hi;  // the block's integer weights, elements 0-15 and 16-31, as int16
         if constexpr (T == GgmlType::kQ8_0) {
           lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
@@ -407,50 +419,54 @@ inline void GroupInt16(const uint8_t* row0, int64_t rb, const Int16Act& xa, int 
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-template <class Isa, GgmlType T, Dot D, int R, int MG, class Act>
-inline void Group(const uint8_t* row0, int64_t rb, const Act& xa, int i0, float* y, int64_t ldy) {
+template <class Isa, GgmlType T, Dot D, int R, int MG, int IL, class Act>
+inline void Group(const uint8_t* row0, int64_t rs, const Act& xa, int i0, float* y, int64_t ldy) {
   if constexpr (D == Dot::kInt8) {
-    GroupInt8<Isa, T, R, MG>(row0, rb, xa, i0, y, ldy);
+    GroupInt8<Isa, T, R, MG, IL>(row0, rs, xa, i0, y, ldy);
   } else if constexpr (D == Dot::kInt16) {
-    GroupInt16<Isa, T, R, MG>(row0, rb, xa, i0, y, ldy);
+    GroupInt16<Isa, T, R, MG, IL>(row0, rs, xa, i0, y, ldy);
   } else {
-    GroupF32<T, R, MG>(row0, rb, xa, i0, y, ldy);
+    GroupF32<T, R, MG, IL>(row0, rs, xa, i0, y, ldy);
   }
 }
 
 // Rows R0 .. R0 + RN - 1 of one outer step against every x row, in x-row groups of up to 4 (the
-// weight rows stay in L1 between x-row groups).
-template <class Isa, GgmlType T, Dot D, int RN, class Act>
+// weight rows stay in L1 between x-row groups). IL: the rows' layout (see kBlockStride); with
+// IL > 1 the RN rows lie in one interleaved group, RN == IL or RN == 1.
+template <class Isa, GgmlType T, Dot D, int RN, int IL, class Act>
 inline void OuterStep(const uint8_t* row0, int64_t rb, const Act& xa, float* y, int64_t ldy) {
+  static_assert(IL == 1 || RN == IL || RN == 1);
+  const int64_t rs = IL == 1 ? rb : kBlockBytes<T>;  // from one row of the step to the next
   constexpr int R4 = std::min(RN, RowsPerGroup<Isa, D, 4>());
   constexpr int R3 = std::min(RN, RowsPerGroup<Isa, D, 3>());
   constexpr int R2 = std::min(RN, RowsPerGroup<Isa, D, 2>());
-  // One x row: Q8_0 (the tied output head, 49152 rows of 612 bytes) in groups of 2 rows, not 4.
-  // In cache 4 rows share each x load and are faster (74 against 100 us for 4096 rows, one Zen 4
-  // core), but from DRAM 2 interleaved row streams stream better than 4: the decode pass over
-  // all 211 matrices ran 8-11 % faster (two sets of 4-5 alternated pairs, 7 of 9 ahead).
-  constexpr int R1 =
-      std::min({RN, RowsPerGroup<Isa, D, 1>(), T == GgmlType::kQ8_0 ? 2 : Isa::kRowsOuter});
+  // One x row, GGUF layout: Q8_0 (the tied output head, 49152 rows of 612 bytes) in groups of 2
+  // rows, not 4. In cache 4 rows share each x load and are faster (74 against 100 us for 4096
+  // rows, one Zen 4 core), but from DRAM 2 interleaved row streams stream better than 4: the
+  // decode pass over all 211 matrices ran 8-11 % faster (two sets of 4-5 alternated pairs, 7 of 9
+  // ahead). Interleaved rows are one stream whatever the group.
+  constexpr int R1 = std::min(
+      {RN, RowsPerGroup<Isa, D, 1>(), T == GgmlType::kQ8_0 && IL == 1 ? 2 : Isa::kRowsOuter});
   int i = 0;
   for (; i + 4 <= xa.m; i += 4) {
     for (int r = 0; r < RN; r += R4) {
-      Group<Isa, T, D, R4, 4>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+      Group<Isa, T, D, R4, 4, IL>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
     }
   }
   switch (xa.m - i) {
     case 3:
       for (int r = 0; r < RN; r += R3) {
-        Group<Isa, T, D, R3, 3>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+        Group<Isa, T, D, R3, 3, IL>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
       }
       break;
     case 2:
       for (int r = 0; r < RN; r += R2) {
-        Group<Isa, T, D, R2, 2>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+        Group<Isa, T, D, R2, 2, IL>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
       }
       break;
     case 1:
       for (int r = 0; r < RN; r += R1) {
-        Group<Isa, T, D, R1, 1>(row0 + r * rb, rb, xa, i, y + i * ldy + r, ldy);
+        Group<Isa, T, D, R1, 1, IL>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
       }
       break;
     default:
@@ -466,10 +482,25 @@ void RowsBlockT(const QuantMatrix& w, const Act& xa, float* y, int64_t ldy, int6
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
   const int64_t rb = w.row_bytes;
   int64_t j = j0;
-  for (; j + Isa::kRowsOuter <= j1; j += Isa::kRowsOuter) {
-    OuterStep<Isa, T, D, Isa::kRowsOuter>(base + j * rb, rb, xa, y + j, ldy);
+  if (w.interleave == kInterleaveRows) {
+    static_assert(Isa::kRowsOuter == kInterleaveRows);
+    constexpr int IL = kInterleaveRows;
+    const int64_t grouped = std::min(j1, InterleavedRows(w));
+    for (; j < grouped;) {
+      if (j % IL == 0 && j + IL <= grouped) {
+        OuterStep<Isa, T, D, IL, IL>(base + j * rb, rb, xa, y + j, ldy);
+        j += IL;
+      } else {  // a range that starts or ends inside a group
+        OuterStep<Isa, T, D, 1, IL>(base + (j - j % IL) * rb + (j % IL) * kBlockBytes<T>, rb, xa,
+                                    y + j, ldy);
+        ++j;
+      }
+    }
   }
-  for (; j < j1; ++j) OuterStep<Isa, T, D, 1>(base + j * rb, rb, xa, y + j, ldy);
+  for (; j + Isa::kRowsOuter <= j1; j += Isa::kRowsOuter) {
+    OuterStep<Isa, T, D, Isa::kRowsOuter, 1>(base + j * rb, rb, xa, y + j, ldy);
+  }
+  for (; j < j1; ++j) OuterStep<Isa, T, D, 1, 1>(base + j * rb, rb, xa, y + j, ldy);
 }
 
 // ---- fp32 mode for float weight types (F32, F16, BF16): one row against MG x rows. ----

@@ -314,6 +314,83 @@ TEST(QuantGemmTest, ZeroActivationsGiveZero) {
 
 // Parts of mixed types in one call, plain and accumulating, give each part's own result bit
 // for bit (the same kernels; x prepared once), in every mode and at every ISA.
+// The interleaved layout (what the CPU backend prepares) gives the same bits as the GGUF rows in
+// every mode, ISA and batch size, including row ranges that start or end inside a group and the
+// rows past the last whole group; CopyRowOut gives the GGUF rows back.
+TEST(QuantGemmTest, InterleavedRowsGiveTheSameBits) {
+  const Case cases[] = {{GgmlType::kQ4_1, 37, 576}, {GgmlType::kQ4_1, 64, 1536},
+                        {GgmlType::kQ4_0, 13, 64},  {GgmlType::kQ8_0, 42, 576},
+                        {GgmlType::kQ8_0, 3, 96},   {GgmlType::kQ4_1, 9, 544}};
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (const Case& c : cases) {
+    std::mt19937 rng(7 + static_cast<int>(c.n));
+    TestMatrix t = MakeMatrix(c.type, c.n, c.k, rng);
+    ASSERT_TRUE(CanInterleave(t.m));
+    std::vector<uint8_t> il(t.bytes.size());
+    InterleaveRows(t.m, il.data());
+    QuantMatrix w = t.m;
+    w.data = il.data();
+    w.interleave = kInterleaveRows;
+    EXPECT_FALSE(CanInterleave(w));  // already interleaved
+    EXPECT_EQ(InterleavedRows(w), c.n / kInterleaveRows * kInterleaveRows);
+    if (c.n >= kInterleaveRows) EXPECT_NE(il, t.bytes) << TypeInfo(c.type).name;
+    std::vector<uint8_t> row(t.m.row_bytes);
+    for (int64_t j = 0; j < c.n; ++j) {
+      CopyRowOut(w, j, row.data());
+      ASSERT_EQ(0, std::memcmp(row.data(), t.bytes.data() + j * t.m.row_bytes, row.size()))
+          << TypeInfo(c.type).name << " row " << j;
+    }
+    for (IsaLevel isa : Levels()) {
+      SetIsaCap(isa);
+      for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
+        for (int m : {1, 2, 3, 4, 5, 8, 11}) {
+          const int64_t ldx = c.k + 3, ldy = c.n + 5;
+          std::vector<float> x(m * ldx);
+          for (float& v : x) v = nd(rng);
+          std::vector<float> want(m * ldy, -7.0f), got(m * ldy, -7.0f);
+          QuantGemm(t.m, x.data(), m, ldx, want.data(), ldy, mode);
+          QuantGemm(w, x.data(), m, ldx, got.data(), ldy, mode);
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+              << TypeInfo(c.type).name << " " << IsaName(isa) << " mode " << int(mode) << " m "
+              << m;
+        }
+      }
+      // Kernel row ranges that cut groups: [j0, j1) for every j0 and a few j1.
+      std::vector<float> x(c.k);
+      for (float& v : x) v = nd(rng);
+      std::vector<int16_t> q(c.k);
+      std::vector<float> sc(c.k / 32), bs(c.k / 32);
+      qgemv::scalar::QuantizeActInt16(x.data(), 1, c.k, c.k, q.data(), sc.data());
+      qgemv::scalar::BlockSums(x.data(), 1, c.k, c.k, bs.data());
+      const qgemv::Int16Act xa{q.data(), sc.data(), bs.data(), 1, c.k, c.k / 32};
+      for (int64_t j0 = 0; j0 < c.n; ++j0) {
+        for (int64_t j1 : {j0 + 1, std::min<int64_t>(c.n, j0 + 6), c.n}) {
+          std::vector<float> want(c.n, -7.0f), got(c.n, -7.0f);
+          bool ok_want = false, ok_got = false;
+          if (isa >= IsaLevel::kAvx512) {
+            ok_want = qgemv::avx512::RowsInt16(t.m, xa, want.data(), c.n, j0, j1);
+            ok_got = qgemv::avx512::RowsInt16(w, xa, got.data(), c.n, j0, j1);
+          } else if (isa >= IsaLevel::kAvx2) {
+            ok_want = qgemv::avx2::RowsInt16(t.m, xa, want.data(), c.n, j0, j1);
+            ok_got = qgemv::avx2::RowsInt16(w, xa, got.data(), c.n, j0, j1);
+          } else {
+            ok_want = qgemv::scalar::RowsInt16(t.m, xa, want.data(), c.n, j0, j1);
+            ok_got = qgemv::scalar::RowsInt16(w, xa, got.data(), c.n, j0, j1);
+          }
+          ASSERT_TRUE(ok_want && ok_got);
+          ASSERT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float)))
+              << TypeInfo(c.type).name << " " << IsaName(isa) << " rows " << j0 << ".." << j1;
+        }
+      }
+    }
+    SetIsaCap(IsaLevel::kAmx);
+  }
+  // Types the kernels read as floats, and K-quants, keep the GGUF layout.
+  std::mt19937 rng(3);
+  EXPECT_FALSE(CanInterleave(MakeMatrix(GgmlType::kF16, 8, 64, rng).m));
+  EXPECT_FALSE(CanInterleave(MakeMatrix(GgmlType::kQ6_K, 8, 256, rng).m));
+}
+
 TEST(QuantGemmTest, StackedPartsAndAccumulateEqualSeparateCalls) {
   std::mt19937 rng(21);
   const int64_t k = 128;
