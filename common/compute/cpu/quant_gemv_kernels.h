@@ -155,12 +155,12 @@ inline void PrefetchAhead(const uint8_t* row0, int64_t b) {
 // rows take turns block by block, so row r's block b is at row0 + (b * IL + r) * kB (rs = kB) and
 // the group reads one stream. BS: the bytes from one block of a row to its next.
 template <GgmlType T, int IL>
-constexpr int kBlockStride = IL* kBlockBytes<T>;
+constexpr int kBlockStride = (IL * kBlockBytes<T>);
 
 // Bytes a group of R rows reads per block step: R blocks, or with interleaving the whole
 // interleaved group's step (its other rows' blocks share the cache lines).
 template <GgmlType T, int R, int IL>
-constexpr int kStepBytes = IL == 1 ? R* kBlockBytes<T> : IL* kBlockBytes<T>;
+constexpr int kStepBytes = ((IL == 1 ? R : IL) * kBlockBytes<T>);
 
 // How a block kernel multiplies: fp32 x against the weights' integer values, or x quantised to
 // int8 / int16 with integer dot products.
@@ -197,7 +197,8 @@ inline void StoreSums(__m256 (&acc)[R][MG], float* y, int64_t ldy) {
   }
 }
 
-// R consecutive weight rows (row0, row stride rb) against x rows i0 .. i0 + MG - 1, int8 mode.
+// R weight rows (row0, row step rs, layout IL: see kBlockStride) against x rows i0 .. i0 + MG - 1,
+// int8 mode.
 template <class Isa, GgmlType T, int R, int MG, int IL>
 inline void GroupInt8(const uint8_t* row0, int64_t rs, const Int8Act& xa, int i0, float* y,
                       int64_t ldy) {
@@ -272,7 +273,7 @@ inline void GroupInt8(const uint8_t* row0, int64_t rs, const Int8Act& xa, int i0
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-// R consecutive weight rows against x rows i0 .. i0 + MG - 1, fp32 mode (Q4_0, Q4_1, Q8_0).
+// R weight rows (as GroupInt8's) against x rows i0 .. i0 + MG - 1, fp32 mode (Q4_0, Q4_1, Q8_0).
 template <GgmlType T, int R, int MG, int IL>
 inline void GroupF32(const uint8_t* row0, int64_t rs, const F32Act& xa, int i0, float* y,
                      int64_t ldy) {
@@ -345,7 +346,7 @@ inline void GroupF32(const uint8_t* row0, int64_t rs, const F32Act& xa, int i0, 
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-// R consecutive weight rows against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0):
+// R weight rows (as GroupInt8's) against x rows i0 .. i0 + MG - 1, int16 mode (Q4_0, Q4_1, Q8_0):
 // per block, the exact integer dot of the weights' values with x's int16 values (two 16-pair
 // steps), converted once and scaled by d_w * d_x; Q4_1's minimum (Q4_0's -8 d) multiplies x's
 // fp32 block sums, 8 blocks per FMA as in fp32 mode. Its scale tables are built as GroupInt8's,
