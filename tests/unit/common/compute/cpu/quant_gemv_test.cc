@@ -333,7 +333,9 @@ TEST(QuantGemmTest, InterleavedRowsGiveTheSameBits) {
     w.interleave = kInterleaveRows;
     EXPECT_FALSE(CanInterleave(w));  // already interleaved
     EXPECT_EQ(InterleavedRows(w), c.n / kInterleaveRows * kInterleaveRows);
-    if (c.n >= kInterleaveRows) EXPECT_NE(il, t.bytes) << TypeInfo(c.type).name;
+    if (c.n >= kInterleaveRows) {
+      EXPECT_NE(il, t.bytes) << TypeInfo(c.type).name;
+    }
     std::vector<uint8_t> row(t.m.row_bytes);
     for (int64_t j = 0; j < c.n; ++j) {
       CopyRowOut(w, j, row.data());
