@@ -8,7 +8,7 @@
 # q8_0, llama-bench with -ctk/-ctv q8_0 and flash attention, which its quantised V cache needs).
 # Metrics: pp128, pp512, pp2048 (prefill tokens/s), tg128 (decode tokens/s at short context) and
 # tg128_d2048 (decode after a 2048-token context; only if this llama-bench has -d/--n-depth).
-# llama.cpp values are llama-bench means over REPS runs; Tripod's are its bench's best of 2.
+# Both sides are means over REPS runs (llama-bench's avg_ts; bench/forward's *_mean fields).
 # Tripod's tg128 decodes after its 128-token prompt (context 128..256), llama-bench's from empty.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -77,7 +77,8 @@ else
   echo "[]" >"$tmp/llama_depth.json"
 fi
 run_to "$tmp/tripod.jsonl" "$tripod_bench" --model "$model" --threads "$threads" \
-  --lengths 128,512,2048 --decode_tokens 128 --precision "$precision" --kv_cache_dtype "$kv"
+  --lengths 128,512,2048 --decode_tokens 128 --reps "$reps" --precision "$precision" \
+  --kv_cache_dtype "$kv"
 
 python3 - "$tmp" "$threads" <<'EOF'
 import json
@@ -103,11 +104,11 @@ with open(f"{tmp}/tripod.jsonl") as f:
             tripod[r["prompt_tokens"]] = r
 
 metrics = [
-    ("pp128", (128, 0, 0), 128, "prefill_tok_s"),
-    ("pp512", (512, 0, 0), 512, "prefill_tok_s"),
-    ("pp2048", (2048, 0, 0), 2048, "prefill_tok_s"),
-    ("tg128", (0, 128, 0), 128, "decode_tok_s"),
-    ("tg128_d2048", (0, 128, 2048), 2048, "decode_tok_s"),
+    ("pp128", (128, 0, 0), 128, "prefill_tok_s_mean"),
+    ("pp512", (512, 0, 0), 512, "prefill_tok_s_mean"),
+    ("pp2048", (2048, 0, 0), 2048, "prefill_tok_s_mean"),
+    ("tg128", (0, 128, 0), 128, "decode_tok_s_mean"),
+    ("tg128_d2048", (0, 128, 2048), 2048, "decode_tok_s_mean"),
 ]
 missing = False
 for metric, lkey, length, field in metrics:

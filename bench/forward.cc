@@ -22,7 +22,7 @@ ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(std::string, lengths, "128,512,2048", "prompt lengths");
 ABSL_FLAG(int, decode_tokens, 128, "greedy tokens decoded after each prompt");
-ABSL_FLAG(int, reps, 2, "repetitions (best is reported)");
+ABSL_FLAG(int, reps, 2, "repetitions (the best is reported, and the mean rates as *_mean)");
 ABSL_FLAG(int, chunk, 2048, "prefill chunk size");
 
 namespace tripod {
@@ -69,8 +69,9 @@ int Run() {
   for (int n : lengths) {
     std::vector<int32_t> prompt(n);
     for (int32_t& t : prompt) t = tok(rng);
-    double best_prefill = 1e30, best_decode = 1e30;
-    for (int rep = 0; rep < std::max(1, absl::GetFlag(FLAGS_reps)); ++rep) {
+    double best_prefill = 1e30, best_decode = 1e30, sum_prefill_rate = 0, sum_decode_rate = 0;
+    const int reps = std::max(1, absl::GetFlag(FLAGS_reps));
+    for (int rep = 0; rep < reps; ++rep) {
       s.Truncate(0);
       const auto t0 = Clock::now();
       auto logits = s.Append(prompt);
@@ -88,15 +89,17 @@ int Run() {
       const auto t2 = Clock::now();
       best_prefill = std::min(best_prefill, Seconds(t0, t1));
       best_decode = std::min(best_decode, Seconds(t1, t2));
+      sum_prefill_rate += n / Seconds(t0, t1);
+      sum_decode_rate += decode / Seconds(t1, t2);
     }
     std::printf(
         "{\"bench\":\"forward\",\"model\":\"%s\",\"backend\":\"%s\",\"precision\":\"%s\","
         "\"kv_cache_dtype\":\"%s\",\"threads\":%d,\"prompt_tokens\":%d,\"prefill_s\":%.4f,"
-        "\"prefill_tok_s\":%.1f,"
-        "\"decode_tokens\":%d,\"decode_tok_s\":%.1f}\n",
+        "\"prefill_tok_s\":%.1f,\"prefill_tok_s_mean\":%.1f,"
+        "\"decode_tokens\":%d,\"decode_tok_s\":%.1f,\"decode_tok_s_mean\":%.1f}\n",
         s.model().gguf->path().c_str(), s.backend().name().c_str(), o.precision.c_str(),
-        KvDtypeName(s.kv_dtype()), ComputeThreads(), n, best_prefill, n / best_prefill, decode,
-        decode / best_decode);
+        KvDtypeName(s.kv_dtype()), ComputeThreads(), n, best_prefill, n / best_prefill,
+        sum_prefill_rate / reps, decode, decode / best_decode, sum_decode_rate / reps);
     std::fflush(stdout);
   }
   return 0;
