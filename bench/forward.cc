@@ -48,8 +48,15 @@ int Run() {
     int n;
     if (absl::SimpleAtoi(s, &n) && n > 0) lengths.push_back(n);
   }
+  if (lengths.empty()) {
+    std::fprintf(stderr, "forward: --lengths needs at least one positive length\n");
+    return 1;
+  }
   const int decode = absl::GetFlag(FLAGS_decode_tokens);
-  o.context_tokens = *std::max_element(lengths.begin(), lengths.end()) + decode + 1;
+  // Room for the longest prompt and its decode, and for the 65-token warm-up below.
+  constexpr int kWarmTokens = 64;
+  o.context_tokens =
+      std::max(*std::max_element(lengths.begin(), lengths.end()) + decode + 1, kWarmTokens + 1);
   auto session = Session::Open(o);
   if (!session.ok()) {
     std::fprintf(stderr, "forward: %s\n", session.status().ToString().c_str());
@@ -60,11 +67,15 @@ int Run() {
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int> tok(100, vocab - 1);
   {  // Warm-up: prepares (prepacks) the GEMM weights, outside the timings.
-    std::vector<int32_t> warm(64);
+    std::vector<int32_t> warm(kWarmTokens);
     for (int32_t& t : warm) t = tok(rng);
     s.Truncate(0);
-    if (!s.Append(warm).ok()) return 1;
-    if (!s.Append({warm[0]}).ok()) return 1;
+    for (const std::vector<int32_t>& part : {warm, std::vector<int32_t>{warm[0]}}) {
+      if (auto r = s.Append(part); !r.ok()) {
+        std::fprintf(stderr, "forward: warm-up: %s\n", r.status().ToString().c_str());
+        return 1;
+      }
+    }
   }
   for (int n : lengths) {
     std::vector<int32_t> prompt(n);
@@ -83,7 +94,10 @@ int Run() {
       int next = Argmax(*logits);
       for (int i = 0; i < decode; ++i) {
         auto l = s.Append({next});
-        if (!l.ok()) return 1;
+        if (!l.ok()) {
+          std::fprintf(stderr, "forward: %s\n", l.status().ToString().c_str());
+          return 1;
+        }
         next = Argmax(*l);
       }
       const auto t2 = Clock::now();
