@@ -66,8 +66,7 @@ class CpuMatrix final : public PreparedMatrix {
           bytes.resize(p.q.row_bytes);
           for (int64_t r = std::max(r0, p.col); r < end; ++r) {
             float* row = w.data() + r * k_;
-            CopyRowOut(p.q, r - p.col, bytes.data());
-            DequantizeRow(p.q.type, bytes.data(), row, k_);
+            DequantizeRow(p.q.type, GgufRow(p.q, r - p.col, bytes.data()), row, k_);
             if (!scale.empty()) {
               for (int64_t j = 0; j < k_; ++j) row[j] *= scale[j];
             }

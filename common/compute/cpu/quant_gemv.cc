@@ -50,13 +50,6 @@ inline float Bf16Bits(const uint8_t* p) {
   return f;
 }
 
-// Row j's bytes in GGUF layout: in place, or copied into buf (row_bytes) if w is interleaved.
-const uint8_t* RowBytesAt(const QuantMatrix& w, int64_t j, uint8_t* buf) {
-  if (w.interleave == 1) return static_cast<const uint8_t*>(w.data) + j * w.row_bytes;
-  CopyRowOut(w, j, buf);
-  return buf;
-}
-
 // Dequantises one row of the types the vector kernels handle (the scalar F32 reference).
 void DequantRowScalar(GgmlType type, const uint8_t* row, int64_t k, float* out) {
   switch (type) {
@@ -175,7 +168,7 @@ bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int6
   buf.resize(w.k);
   row.resize(w.row_bytes);
   for (int64_t j = j0; j < j1; ++j) {
-    DequantRowScalar(w.type, RowBytesAt(w, j, row.data()), w.k, buf.data());
+    DequantRowScalar(w.type, GgufRow(w, j, row.data()), w.k, buf.data());
     for (int i = 0; i < xa.m; ++i) {
       const float* xi = xa.x + i * xa.ldx;
       float s = 0.0f;
@@ -201,7 +194,7 @@ bool RowsIntRef(const QuantMatrix& w, const Q* q, const float* scale, const floa
   thread_local std::vector<uint8_t> row_buf;
   row_buf.resize(w.row_bytes);
   for (int64_t j = j0; j < j1; ++j) {
-    const uint8_t* row = RowBytesAt(w, j, row_buf.data());
+    const uint8_t* row = GgufRow(w, j, row_buf.data());
     for (int i = 0; i < m; ++i) {
       float s = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
@@ -243,17 +236,10 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
 
 namespace {
 
+// Block bytes of the types the vector kernels read as blocks (and so may be interleaved), else 0.
 int InterleaveBlockBytes(GgmlType t) {
-  switch (t) {
-    case GgmlType::kQ4_0:
-      return 18;
-    case GgmlType::kQ4_1:
-      return 20;
-    case GgmlType::kQ8_0:
-      return 34;
-    default:
-      return 0;
-  }
+  const bool block = t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+  return block ? TypeInfo(t).block_bytes : 0;
 }
 
 }  // namespace
@@ -278,6 +264,12 @@ void InterleaveRows(const QuantMatrix& w, void* dst) {
   }
   std::memcpy(out + grouped * w.row_bytes, src + grouped * w.row_bytes,
               static_cast<size_t>(w.n - grouped) * w.row_bytes);
+}
+
+const uint8_t* GgufRow(const QuantMatrix& w, int64_t j, uint8_t* buf) {
+  if (w.interleave == 1) return static_cast<const uint8_t*>(w.data) + j * w.row_bytes;
+  CopyRowOut(w, j, buf);
+  return buf;
 }
 
 void CopyRowOut(const QuantMatrix& w, int64_t j, uint8_t* out) {

@@ -64,6 +64,9 @@ void InterleaveRows(const QuantMatrix& w, void* dst);
 // Row j of w in GGUF layout (row_bytes bytes) into out, whatever w's layout.
 void CopyRowOut(const QuantMatrix& w, int64_t j, uint8_t* out);
 
+// Row j of w in GGUF layout: in place for the GGUF layout, else copied into buf (row_bytes).
+const uint8_t* GgufRow(const QuantMatrix& w, int64_t j, uint8_t* buf);
+
 // y[i, j] = sum_t x[i, t] * W[j, t] for i < m, j < n. x rows are ldx floats apart, y rows ldy.
 // Threads over n with ParallelFor. m is small (1..16); for larger m use the GEMM path.
 void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
