@@ -34,12 +34,13 @@ constexpr int kBlockBytes = T == GgmlType::kQ4_0   ? 18
                             : T == GgmlType::kQ4_1 ? 20
                                                    : 34;
 
-// The block's 32 weights as bf16, in element order, from its scale d (and Q4_1 minimum mn).
+// The block's 32 weights as bf16, in element order, from its quants qs (16 bytes of nibbles or 32
+// int8) and its scale d (and Q4_1 minimum mn).
 template <GgmlType T>
-inline __m512bh WeightsBf16(const uint8_t* blk, float d_s, float mn_s, __m512 iota) {
+inline __m512bh WeightsBf16(const uint8_t* qs, float d_s, float mn_s, __m512 iota) {
   const __m512 d = _mm512_set1_ps(d_s);
   if constexpr (T == GgmlType::kQ8_0) {
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
     const __m512 lo =
         _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q))), d);
     const __m512 hi =
@@ -51,8 +52,8 @@ inline __m512bh WeightsBf16(const uint8_t* blk, float d_s, float mn_s, __m512 io
         T == GgmlType::kQ4_1 ? _mm512_set1_ps(mn_s) : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f));
     const __m512 v = _mm512_fmadd_ps(iota, d, add);
     const __m512i table = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(v, v));
-    const __m256i bytes = _mm256_cvtepu8_epi16(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + kBlockBytes<T> - 16)));
+    const __m256i bytes =
+        _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
     const __m512i idx =
         _mm512_inserti64x4(_mm512_castsi256_si512(bytes), _mm256_srli_epi16(bytes, 4), 1);
     return reinterpret_cast<__m512bh>(_mm512_permutexvar_epi16(idx, table));
@@ -95,20 +96,21 @@ inline void Q41Scales16(const uint8_t* blk, float* d, float* mn) {
 // Prefetch distance in the weight stream (the rows of a range are one contiguous stream).
 constexpr int kPrefetchBytes = 4096;
 
-// Block b of R weight rows (row r's blocks at row0 + r * rs + b * BS, see GroupBf16), with those
-// blocks' scales d[r] (and Q4_1 minima mn[r]), into the R x MG accumulators against MG x rows.
+// Block b of R weight rows (quants q[r], scales d[r] and Q4_1 minima mn[r]) into the R x MG
+// accumulators against MG x rows; row0: the group's stream, for the prefetch.
 template <GgmlType T, int R, int MG, int IL>
-inline void BlockStep(const uint8_t* row0, int64_t rs, const uint16_t* x, int64_t k, int64_t b,
-                      const float* d, const float* mn, __m512 iota, __m512 (&acc)[R][MG]) {
-  constexpr int kB = kBlockBytes<T>, BS = IL * kB;
-  constexpr int kStep = IL == 1 ? R * kB : BS;  // bytes the group's stream advances per block
+inline void BlockStep(const uint8_t* row0, const uint8_t* const* q, const uint16_t* x, int64_t k,
+                      int64_t b, const float* d, const float* mn, __m512 iota,
+                      __m512 (&acc)[R][MG]) {
+  constexpr int kB = kBlockBytes<T>;
+  constexpr int kStep = (IL == 1 ? R : IL) * kB;  // bytes the group's stream advances per block
   const char* pf = reinterpret_cast<const char*>(row0 + kPrefetchBytes + b * kStep);
   _mm_prefetch(pf, _MM_HINT_T0);
   if constexpr (kStep > 64) _mm_prefetch(pf + 64, _MM_HINT_T0);
   if constexpr (kStep > 128) _mm_prefetch(pf + 128, _MM_HINT_T0);
   __m512bh w[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(row0 + r * rs + b * BS, d[r], mn[r], iota);
+  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(q[r], d[r], mn[r], iota);
 #pragma GCC unroll 16
   for (int i = 0; i < MG; ++i) {
     const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * k + b * 32));
@@ -118,12 +120,12 @@ inline void BlockStep(const uint8_t* row0, int64_t rs, const uint16_t* x, int64_
 }
 
 // R weight rows against x rows i0 .. i0 + MG - 1. IL = 1: GGUF rows, row r at row0 + r * rs
-// (rs: the row bytes). IL > 1 (QuantMatrix::interleave): rows r0 .. r0 + R - 1 of an interleaved
-// group whose row 0 starts at row0 - r0 * kB; row r's block b at row0 + r * kB + b * IL * kB.
+// (rs: the row bytes). IL > 1 (QuantMatrix::interleave): rows r0 .. r0 + R - 1 of the
+// interleaved group at row0 (see IlRunAt).
 template <GgmlType T, int R, int MG, int IL>
 inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa, int i0, float* y,
                       int64_t ldy) {
-  constexpr int kB = kBlockBytes<T>, BS = IL * kB;
+  constexpr int kB = kBlockBytes<T>, kQ = kIlQuantBytes<T>;
   const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   __m512 acc[R][MG];
 #pragma GCC unroll 8
@@ -132,45 +134,69 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
     for (int i = 0; i < MG; ++i) acc[r][i] = _mm512_setzero_ps();
   const uint16_t* x = xa.x + int64_t{i0} * xa.k;
   float d[R], mn[R];
+  const uint8_t* q[R];
   int64_t b = 0;
-  if constexpr (T == GgmlType::kQ4_1 && (IL == 1 || IL == 4)) {
-    // Whole chunks of 16 blocks take their scales from Q41Scales16: per row (GGUF), or per 4
-    // blocks of all 4 interleaved rows (16 consecutive blocks there), block c of row r at 4c + r.
+  if constexpr (T == GgmlType::kQ4_1 && IL == 1) {
+    // Whole chunks of 16 blocks of a GGUF row take their scales from Q41Scales16.
     alignas(64) float dc[R][16], mc[R][16];
-    alignas(64) float td[64], tm[64];
     for (; b + 16 <= xa.nb; b += 16) {
-      if constexpr (IL == 1) {
 #pragma GCC unroll 8
-        for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rs + b * kB, dc[r], mc[r]);
-      } else {
-        const uint8_t* group = row0 - r0 * kB + b * BS;
-        for (int c4 = 0; c4 < 4; ++c4)
-          Q41Scales16(group + c4 * 16 * kB, td + 16 * c4, tm + 16 * c4);
-        for (int r = 0; r < R; ++r) {
-          for (int c = 0; c < 16; ++c) {
-            dc[r][c] = td[4 * c + r0 + r];
-            mc[r][c] = tm[4 * c + r0 + r];
-          }
-        }
-      }
+      for (int r = 0; r < R; ++r) Q41Scales16(row0 + r * rs + b * kB, dc[r], mc[r]);
       for (int c = 0; c < 16; ++c) {
 #pragma GCC unroll 8
         for (int r = 0; r < R; ++r) {
           d[r] = dc[r][c];
           mn[r] = mc[r][c];
+          q[r] = row0 + r * rs + (b + c) * kB + (kB - kQ);
         }
-        BlockStep<T, R, MG, IL>(row0, rs, x, xa.k, b + c, d, mn, iota, acc);
+        BlockStep<T, R, MG, IL>(row0, q, x, xa.k, b + c, d, mn, iota, acc);
       }
     }
   }
-  for (; b < xa.nb; ++b) {
+  if constexpr (IL == 1) {
+    for (; b < xa.nb; ++b) {
 #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* blk = row0 + r * rs + b * BS;
-      d[r] = Half(blk);
-      mn[r] = T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f;
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* blk = row0 + r * rs + b * kB;
+        d[r] = Half(blk);
+        mn[r] = T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f;
+        q[r] = blk + (kB - kQ);
+      }
+      BlockStep<T, R, MG, IL>(row0, q, x, xa.k, b, d, mn, iota, acc);
     }
-    BlockStep<T, R, MG, IL>(row0, rs, x, xa.k, b, d, mn, iota, acc);
+  } else {
+    // Interleaved: a run's scales are contiguous per row, 8 converted at once.
+    alignas(32) float dr[R][kIlRun], mr[R][kIlRun];
+    for (int64_t c = 0; c * kIlRun < xa.nb; ++c) {
+      const IlRun run = IlRunAt<T>(row0, xa.nb, c);
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const uint8_t* pd = run.base + (r0 + r) * run.cnt * 2;
+        const uint8_t* pm = pd + IL * run.cnt * 2;
+        if (run.cnt == kIlRun) {
+          _mm256_store_ps(dr[r],
+                          _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pd))));
+          if constexpr (T == GgmlType::kQ4_1) {
+            _mm256_store_ps(mr[r],
+                            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pm))));
+          }
+        } else {
+          for (int j = 0; j < run.cnt; ++j) {
+            dr[r][j] = Half(pd + 2 * j);
+            if constexpr (T == GgmlType::kQ4_1) mr[r][j] = Half(pm + 2 * j);
+          }
+        }
+      }
+      for (int j = 0; j < run.cnt; ++j) {
+#pragma GCC unroll 8
+        for (int r = 0; r < R; ++r) {
+          d[r] = dr[r][j];
+          mn[r] = T == GgmlType::kQ4_1 ? mr[r][j] : 0.0f;
+          q[r] = run.quants + (j * IL + r0 + r) * kQ;
+        }
+        BlockStep<T, R, MG, IL>(row0, q, x, xa.k, c * kIlRun + j, d, mn, iota, acc);
+      }
+    }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < MG; ++i)
@@ -191,18 +217,18 @@ void RangeMG(const QuantMatrix& w, const Bf16Act& xa, int i0, float* y, int64_t 
   const int64_t rb = w.row_bytes;
   int64_t j = j0;
   if (w.interleave == kInterleaveRows) {
-    constexpr int IL = kInterleaveRows, kB = kBlockBytes<T>;
+    constexpr int IL = kInterleaveRows;
     constexpr int R = std::min(IL, RowsPerGroup<MG>());
     static_assert(IL % R == 0);
     const int64_t grouped = std::min(j1, InterleavedRows(w));
     while (j < grouped) {
       const int r0 = static_cast<int>(j % IL);
-      const uint8_t* row = base + (j - r0) * rb + r0 * kB;
+      const uint8_t* group = base + (j - r0) * rb;
       if (r0 % R == 0 && j + R <= grouped) {
-        GroupBf16<T, R, MG, IL>(row, kB, r0, xa, i0, y + j, ldy);
+        GroupBf16<T, R, MG, IL>(group, rb, r0, xa, i0, y + j, ldy);
         j += R;
       } else {
-        GroupBf16<T, 1, MG, IL>(row, kB, r0, xa, i0, y + j, ldy);
+        GroupBf16<T, 1, MG, IL>(group, rb, r0, xa, i0, y + j, ldy);
         ++j;
       }
     }

@@ -106,4 +106,39 @@ bool RowsBf16(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, in
 // kernels' row groups are never split between threads.
 inline constexpr int64_t kRowQuantum = 8;
 
+// The interleaved layout (QuantMatrix::interleave == kInterleaveRows, G rows a group) of Q4_0,
+// Q4_1 and Q8_0 rows. Rows [g, g + G) form one group of G * row_bytes bytes at
+// data + g * row_bytes. A group's blocks come in runs of kIlRun (the last run holds what is
+// left: cnt = min(kIlRun, nb - kIlRun * c)); run c starts kIlRun * G * block_bytes * c bytes into
+// the group and holds, in order:
+//   the fp16 scales d, row r's block j at (r * cnt + j) * 2;
+//   for Q4_1 the fp16 minima m, likewise;
+//   the quants (16 bytes of nibbles, or 32 int8), row r's block j at (j * G + r) * quant bytes.
+// A kernel then converts a row's 8 scales with one load, and its quant loads never straddle a
+// cache line. Both the scale gathers and the straddling loads of the block-by-block interleave
+// (the GGUF block order) cost it: one Zen 4 core ran an L2-resident 576 x 512 Q4_1 matrix at
+// 2.6 against 3.4 cycles a block row in int16 mode, and two cores a 79 MB matrix from DRAM
+// 1.22-1.26x as fast (alternated in one process).
+inline constexpr int kIlRun = 8;
+
+template <GgmlType T>
+constexpr int kIlScaleBytes = T == GgmlType::kQ4_1 ? 4 : 2;  // d (and m) per block
+template <GgmlType T>
+constexpr int kIlQuantBytes = T == GgmlType::kQ8_0 ? 32 : 16;
+
+// Run c of a group: its first byte, its block count, and where its quants start.
+struct IlRun {
+  const uint8_t* base;
+  int cnt;
+  const uint8_t* quants;
+};
+
+template <GgmlType T>
+inline IlRun IlRunAt(const uint8_t* group, int64_t nb, int64_t c) {
+  constexpr int kG = kInterleaveRows, kB = kIlScaleBytes<T> + kIlQuantBytes<T>;
+  const uint8_t* base = group + c * (kIlRun * kG * kB);
+  const int cnt = static_cast<int>(nb - c * kIlRun < kIlRun ? nb - c * kIlRun : kIlRun);
+  return {base, cnt, base + kG * cnt * kIlScaleBytes<T>};
+}
+
 }  // namespace tripod::qgemv
