@@ -96,11 +96,11 @@ inline void Q41Scales16(const uint8_t* blk, float* d, float* mn) {
 // Prefetch distance in the weight stream (the rows of a range are one contiguous stream).
 constexpr int kPrefetchBytes = 4096;
 
-// Block b of R weight rows (quants q[r], scales d[r] and Q4_1 minima mn[r]) into the R x MG
-// accumulators against MG x rows; row0: the group's stream, for the prefetch.
+// Block b of R weight rows (row r's quants at q + r * rq, scales d[r] and Q4_1 minima mn[r])
+// into the R x MG accumulators against MG x rows; row0: the group's stream, for the prefetch.
 template <GgmlType T, int R, int MG, int IL>
-inline void BlockStep(const uint8_t* row0, const uint8_t* const* q, const uint16_t* x, int64_t k,
-                      int64_t b, const float* d, const float* mn, __m512 iota,
+inline void BlockStep(const uint8_t* row0, const uint8_t* q, int64_t rq, const uint16_t* x,
+                      int64_t k, int64_t b, const float* d, const float* mn, __m512 iota,
                       __m512 (&acc)[R][MG]) {
   constexpr int kB = kBlockBytes<T>;
   constexpr int kStep = (IL == 1 ? R : IL) * kB;  // bytes the group's stream advances per block
@@ -110,7 +110,7 @@ inline void BlockStep(const uint8_t* row0, const uint8_t* const* q, const uint16
   if constexpr (kStep > 128) _mm_prefetch(pf + 128, _MM_HINT_T0);
   __m512bh w[R];
 #pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(q[r], d[r], mn[r], iota);
+  for (int r = 0; r < R; ++r) w[r] = WeightsBf16<T>(q + r * rq, d[r], mn[r], iota);
 #pragma GCC unroll 16
   for (int i = 0; i < MG; ++i) {
     const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + i * k + b * 32));
@@ -134,7 +134,6 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
     for (int i = 0; i < MG; ++i) acc[r][i] = _mm512_setzero_ps();
   const uint16_t* x = xa.x + int64_t{i0} * xa.k;
   float d[R], mn[R];
-  const uint8_t* q[R];
   int64_t b = 0;
   if constexpr (T == GgmlType::kQ4_1 && IL == 1) {
     // Whole chunks of 16 blocks of a GGUF row take their scales from Q41Scales16.
@@ -147,9 +146,9 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
         for (int r = 0; r < R; ++r) {
           d[r] = dc[r][c];
           mn[r] = mc[r][c];
-          q[r] = row0 + r * rs + (b + c) * kB + (kB - kQ);
         }
-        BlockStep<T, R, MG, IL>(row0, q, x, xa.k, b + c, d, mn, iota, acc);
+        BlockStep<T, R, MG, IL>(row0, row0 + (b + c) * kB + (kB - kQ), rs, x, xa.k, b + c, d, mn,
+                                iota, acc);
       }
     }
   }
@@ -160,9 +159,8 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
         const uint8_t* blk = row0 + r * rs + b * kB;
         d[r] = Half(blk);
         mn[r] = T == GgmlType::kQ4_1 ? Half(blk + 2) : 0.0f;
-        q[r] = blk + (kB - kQ);
       }
-      BlockStep<T, R, MG, IL>(row0, q, x, xa.k, b, d, mn, iota, acc);
+      BlockStep<T, R, MG, IL>(row0, row0 + b * kB + (kB - kQ), rs, x, xa.k, b, d, mn, iota, acc);
     }
   } else {
     // Interleaved: a run's scales are contiguous per row, 8 converted at once.
@@ -192,9 +190,9 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
         for (int r = 0; r < R; ++r) {
           d[r] = dr[r][j];
           mn[r] = T == GgmlType::kQ4_1 ? mr[r][j] : 0.0f;
-          q[r] = run.quants + (j * IL + r0 + r) * kQ;
         }
-        BlockStep<T, R, MG, IL>(row0, q, x, xa.k, c * kIlRun + j, d, mn, iota, acc);
+        BlockStep<T, R, MG, IL>(row0, run.quants + (j * IL + r0) * kQ, kQ, x, xa.k, c * kIlRun + j,
+                                d, mn, iota, acc);
       }
     }
   }
