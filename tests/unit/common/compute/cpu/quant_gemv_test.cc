@@ -317,6 +317,54 @@ TEST(QuantGemmTest, ZeroActivationsGiveZero) {
 // The interleaved layout (what the CPU backend prepares) gives the same bits as the GGUF rows in
 // every mode, ISA and batch size, including row ranges that start or end inside a group and the
 // rows past the last whole group; CopyRowOut gives the GGUF rows back.
+// The interleaved layout as qgemv::IlRunAt documents it, byte for byte: per 8-block run of a
+// 4-row group, the rows' scales (d, then Q4_1's m) and then the quants block by block; the last
+// run of a 17-block row holds one block.
+TEST(QuantGemmTest, InterleavedLayoutKeepsScalesAheadOfQuantsInEachRun) {
+  for (GgmlType type : {GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ8_0}) {
+    std::mt19937 rng(11);
+    const int64_t n = 8, k = 17 * 32, nb = k / 32;
+    TestMatrix t = MakeMatrix(type, n, k, rng);
+    std::vector<uint8_t> il(t.bytes.size());
+    InterleaveRows(t.m, il.data());
+    const int bb = TypeInfo(type).block_bytes;
+    const int sb = type == GgmlType::kQ4_1 ? 4 : 2, qb = bb - sb;
+    for (int64_t g = 0; g < n; g += kInterleaveRows) {
+      const uint8_t* group = il.data() + g * t.m.row_bytes;
+      for (int64_t c = 0; c * qgemv::kIlRun < nb; ++c) {
+        qgemv::IlRun run{};
+        switch (type) {
+          case GgmlType::kQ4_0:
+            run = qgemv::IlRunAt<GgmlType::kQ4_0>(group, nb, c);
+            break;
+          case GgmlType::kQ4_1:
+            run = qgemv::IlRunAt<GgmlType::kQ4_1>(group, nb, c);
+            break;
+          default:
+            run = qgemv::IlRunAt<GgmlType::kQ8_0>(group, nb, c);
+            break;
+        }
+        ASSERT_EQ(run.cnt, c == 2 ? 1 : 8);
+        ASSERT_EQ(run.base, group + c * qgemv::kIlRun * kInterleaveRows * bb);
+        for (int r = 0; r < kInterleaveRows; ++r) {
+          for (int j = 0; j < run.cnt; ++j) {
+            const uint8_t* blk = t.bytes.data() + (g + r) * t.m.row_bytes + (c * 8 + j) * bb;
+            const std::string_view name = TypeInfo(type).name;
+            EXPECT_EQ(0, std::memcmp(run.base + (r * run.cnt + j) * 2, blk, 2)) << name;
+            if (sb == 4) {
+              EXPECT_EQ(0, std::memcmp(run.base + (kInterleaveRows + r) * run.cnt * 2 + j * 2,
+                                       blk + 2, 2))
+                  << name;
+            }
+            EXPECT_EQ(0, std::memcmp(run.quants + (j * kInterleaveRows + r) * qb, blk + sb, qb))
+                << name << " group " << g << " run " << c << " row " << r << " block " << j;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(QuantGemmTest, InterleavedRowsGiveTheSameBits) {
   const Case cases[] = {{GgmlType::kQ4_1, 37, 576}, {GgmlType::kQ4_1, 64, 1536},
                         {GgmlType::kQ4_0, 13, 64},  {GgmlType::kQ8_0, 42, 576},
