@@ -249,42 +249,27 @@ bool CanInterleave(const QuantMatrix& w) {
   return bb > 0 && w.interleave == 1 && w.k > 0 && w.k % 32 == 0 && w.row_bytes == w.k / 32 * bb;
 }
 
-namespace {
-
-// Where row r's block b lies in its interleaved group (see qgemv::IlRunAt): the offsets of its
-// scale d, its minimum m (Q4_1) and its quants from the group's first byte.
-struct IlBlockOffsets {
-  int64_t d, m, q;
-};
-
-IlBlockOffsets IlOffsets(GgmlType t, int64_t nb, int64_t r, int64_t b) {
-  const int64_t bb = InterleaveBlockBytes(t), g = kInterleaveRows;
-  const int64_t sb = t == GgmlType::kQ4_1 ? 4 : 2, qb = bb - sb;
-  const int64_t c = b / qgemv::kIlRun, j = b % qgemv::kIlRun;
-  const int64_t cnt = std::min<int64_t>(qgemv::kIlRun, nb - c * qgemv::kIlRun);
-  const int64_t run = c * qgemv::kIlRun * g * bb;
-  return {run + (r * cnt + j) * 2, run + (g + r) * cnt * 2 + j * 2,
-          run + g * cnt * sb + (j * g + r) * qb};
-}
-
-}  // namespace
-
 void InterleaveRows(const QuantMatrix& w, void* dst) {
   const int64_t bb = InterleaveBlockBytes(w.type), nb = w.k / 32, g = kInterleaveRows;
-  const int64_t sb = w.type == GgmlType::kQ4_1 ? 4 : 2;
+  const int sb = qgemv::IlScaleBytes(w.type);
   const auto* src = static_cast<const uint8_t*>(w.data);
   auto* out = static_cast<uint8_t*>(dst);
   const int64_t grouped = w.n / g * g;
+  // The run's addresses point into out (IlRun is a read-only view, hence the const_casts).
+  auto put = [](const uint8_t* to, const uint8_t* from, size_t n) {
+    std::memcpy(const_cast<uint8_t*>(to), from, n);
+  };
   for (int64_t j0 = 0; j0 < grouped; j0 += g) {
     const uint8_t* in = src + j0 * w.row_bytes;
-    uint8_t* o = out + j0 * w.row_bytes;
-    for (int64_t r = 0; r < g; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = in + r * w.row_bytes + b * bb;
-        const IlBlockOffsets at = IlOffsets(w.type, nb, r, b);
-        std::memcpy(o + at.d, blk, 2);
-        if (sb == 4) std::memcpy(o + at.m, blk + 2, 2);
-        std::memcpy(o + at.q, blk + sb, bb - sb);
+    for (int64_t c = 0; c * qgemv::kIlRun < nb; ++c) {
+      const qgemv::IlRun run = qgemv::IlRunOf(out + j0 * w.row_bytes, w.type, nb, c);
+      for (int r = 0; r < g; ++r) {
+        for (int j = 0; j < run.cnt; ++j) {
+          const uint8_t* blk = in + r * w.row_bytes + (c * qgemv::kIlRun + j) * bb;
+          put(run.d(r, j), blk, 2);
+          if (sb == 4) put(run.m(r, j), blk + 2, 2);
+          put(run.q(r, j), blk + sb, bb - sb);
+        }
       }
     }
   }
@@ -305,13 +290,16 @@ void CopyRowOut(const QuantMatrix& w, int64_t j, uint8_t* out) {
     return;
   }
   const int64_t bb = InterleaveBlockBytes(w.type), g = w.interleave, nb = w.k / 32;
-  const int64_t sb = w.type == GgmlType::kQ4_1 ? 4 : 2;
-  const uint8_t* group = src + (j - j % g) * w.row_bytes;
-  for (int64_t b = 0; b < nb; ++b) {
-    const IlBlockOffsets at = IlOffsets(w.type, nb, j % g, b);
-    std::memcpy(out + b * bb, group + at.d, 2);
-    if (sb == 4) std::memcpy(out + b * bb + 2, group + at.m, 2);
-    std::memcpy(out + b * bb + sb, group + at.q, bb - sb);
+  const int sb = qgemv::IlScaleBytes(w.type), r = static_cast<int>(j % g);
+  const uint8_t* group = src + (j - r) * w.row_bytes;
+  for (int64_t c = 0; c * qgemv::kIlRun < nb; ++c) {
+    const qgemv::IlRun run = qgemv::IlRunOf(group, w.type, nb, c);
+    for (int b = 0; b < run.cnt; ++b) {
+      uint8_t* blk = out + (c * qgemv::kIlRun + b) * bb;
+      std::memcpy(blk, run.d(r, b), 2);
+      if (sb == 4) std::memcpy(blk + 2, run.m(r, b), 2);
+      std::memcpy(blk + sb, run.q(r, b), bb - sb);
+    }
   }
 }
 

@@ -169,8 +169,8 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
       const IlRun run = IlRunAt<T>(row0, xa.nb, c);
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
-        const uint8_t* pd = run.base + (r0 + r) * run.cnt * 2;
-        const uint8_t* pm = pd + IL * run.cnt * 2;
+        const uint8_t* pd = run.d(r0 + r, 0);
+        const uint8_t* pm = run.m(r0 + r, 0);
         if (run.cnt == kIlRun) {
           _mm256_store_ps(dr[r],
                           _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pd))));
@@ -191,8 +191,7 @@ inline void GroupBf16(const uint8_t* row0, int64_t rs, int r0, const Bf16Act& xa
           d[r] = dr[r][j];
           mn[r] = T == GgmlType::kQ4_1 ? mr[r][j] : 0.0f;
         }
-        BlockStep<T, R, MG, IL>(row0, run.quants + (j * IL + r0) * kQ, kQ, x, xa.k, c * kIlRun + j,
-                                d, mn, iota, acc);
+        BlockStep<T, R, MG, IL>(row0, run.q(r0, j), kQ, x, xa.k, c * kIlRun + j, d, mn, iota, acc);
       }
     }
   }

@@ -121,24 +121,37 @@ inline constexpr int64_t kRowQuantum = 8;
 // rows (docs/cpu-kernels.md).
 inline constexpr int kIlRun = 8;
 
+// Per block: the bytes of its scale d (and Q4_1's minimum m), and of its quants.
+constexpr int IlScaleBytes(GgmlType t) { return t == GgmlType::kQ4_1 ? 4 : 2; }
+constexpr int IlQuantBytes(GgmlType t) { return t == GgmlType::kQ8_0 ? 32 : 16; }
 template <GgmlType T>
-constexpr int kIlScaleBytes = T == GgmlType::kQ4_1 ? 4 : 2;  // d (and m) per block
+constexpr int kIlScaleBytes = IlScaleBytes(T);
 template <GgmlType T>
-constexpr int kIlQuantBytes = T == GgmlType::kQ8_0 ? 32 : 16;
+constexpr int kIlQuantBytes = IlQuantBytes(T);
 
-// Run c of a group: its first byte, its block count, and where its quants start.
+// Run c of a group: its first byte, its block count, where its quants start, and where row r's
+// block j (of the run) keeps d, m (Q4_1 only) and its quants.
 struct IlRun {
   const uint8_t* base;
   int cnt;
   const uint8_t* quants;
+  int quant_bytes;
+  const uint8_t* d(int r, int j) const { return base + (r * cnt + j) * 2; }
+  const uint8_t* m(int r, int j) const { return base + (kInterleaveRows + r) * cnt * 2 + j * 2; }
+  const uint8_t* q(int r, int j) const { return quants + (j * kInterleaveRows + r) * quant_bytes; }
 };
+
+inline IlRun IlRunOf(const uint8_t* group, GgmlType t, int64_t nb, int64_t c) {
+  constexpr int kG = kInterleaveRows;
+  const int sb = IlScaleBytes(t), qb = IlQuantBytes(t);
+  const uint8_t* base = group + c * (kIlRun * kG * (sb + qb));
+  const int cnt = static_cast<int>(nb - c * kIlRun < kIlRun ? nb - c * kIlRun : kIlRun);
+  return {base, cnt, base + kG * cnt * sb, qb};
+}
 
 template <GgmlType T>
 inline IlRun IlRunAt(const uint8_t* group, int64_t nb, int64_t c) {
-  constexpr int kG = kInterleaveRows, kB = kIlScaleBytes<T> + kIlQuantBytes<T>;
-  const uint8_t* base = group + c * (kIlRun * kG * kB);
-  const int cnt = static_cast<int>(nb - c * kIlRun < kIlRun ? nb - c * kIlRun : kIlRun);
-  return {base, cnt, base + kG * cnt * kIlScaleBytes<T>};
+  return IlRunOf(group, T, nb, c);
 }
 
 }  // namespace tripod::qgemv
