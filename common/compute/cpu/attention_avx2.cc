@@ -9,8 +9,9 @@ namespace {
 struct Vec {
   using T = __m256;
   static constexpr int W = 8;
-  static constexpr int kCV = 2;   // S micro-tile: 4 rows x 16 slots
-  static constexpr int kDCV = 2;  // PV micro-tile: 4 rows x 16 dims
+  static constexpr int kCV = 2;            // S micro-tile: 4 rows x 16 slots
+  static constexpr int kDCV = 2;           // PV micro-tile: 4 rows x 16 dims
+  static constexpr bool kBf16Dot = false;  // no bf16 dot products: fp32 throughout
   static T Load(const float* p) { return _mm256_loadu_ps(p); }
   static void Store(float* p, T v) { _mm256_storeu_ps(p, v); }
   static T Set1(float f) { return _mm256_set1_ps(f); }
@@ -44,6 +45,10 @@ struct Vec {
     const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
   }
+  // DecodeRows' partial sums: 8 lanes already, nothing to fold.
+  using Part = __m256;
+  static Part Fold(T v) { return v; }
+  static void ReduceParts(const Part* v, float* out) { ReduceW(v, out); }
   // e^x, about 2 ulp on [-87, 88]; 0 below (so e^-inf = 0 for masked slots).
   static T Exp(T x) {
     const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);

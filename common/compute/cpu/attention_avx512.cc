@@ -40,12 +40,18 @@ struct Vec {
     const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
   }
-  // out[j] = sum of the lanes of v[j], j < 16: fold each to 8 lanes, then two 8-way reductions.
+  // A partial sum of W lanes as DecodeRows keeps it: folded to 8 lanes as soon as it is made.
+  using Part = __m256;
+  // out[j] = sum of the lanes of v[j], j < 16 (each already folded): two 8-way reductions.
+  static void ReduceParts(const Part* v, float* out) {
+    Reduce8(v, out);
+    Reduce8(v + 8, out + 8);
+  }
+  // out[j] = sum of the lanes of v[j], j < 16.
   static void ReduceW(const T* v, float* out) {
-    __m256 f[16];
+    Part f[16];
     for (int j = 0; j < 16; ++j) f[j] = Fold(v[j]);
-    Reduce8(f, out);
-    Reduce8(f + 8, out + 8);
+    ReduceParts(f, out);
   }
   // e^x, about 2 ulp on [-87, 88]; 0 below (so e^-inf = 0 for masked slots).
   static T Exp(T x) {
@@ -78,6 +84,40 @@ struct Vec {
   static T LoadQ8(const int8_t* p) {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  // bf16 dot products (AVX512_BF16, part of this ISA level): see DecodeRows.
+  static constexpr bool kBf16Dot = true;
+  static T LoadRaw(const uint8_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }
+  // acc + a.lo * b.lo + a.hi * b.hi in each 32-bit lane (a, b: pairs of bf16).
+  static T DotBf16(T acc, T a, T b) {
+    return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(a), reinterpret_cast<__m512bh>(b));
+  }
+  // Pairs (a[k], b[k]) of the low (high) four bf16 of each 8-element group: dword 4L + i is
+  // element 8L + i (8L + 4 + i) of a's 32.
+  static T PairLo(T a, T b) {
+    return _mm512_castsi512_ps(
+        _mm512_unpacklo_epi16(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }
+  static T PairHi(T a, T b) {
+    return _mm512_castsi512_ps(
+        _mm512_unpackhi_epi16(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  }
+  static T Bcast32(const uint16_t* p) {
+    uint32_t u;
+    __builtin_memcpy(&u, p, 4);
+    return _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(u)));
+  }
+  // Round to bf16 (nearest even; subnormals flush, harmless for q and P, which only feed dots).
+  static void StoreRoundBf16(uint16_t* p, T v) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(v)));
+  }
+  // out[0, 32) in order from accumulators lo (PairLo's dims) and hi (PairHi's).
+  static void UnpairBf16(T lo, T hi, float* out) {
+    const __m512i i0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i i1 = _mm512_add_epi32(i0, _mm512_set1_epi32(8));
+    _mm512_storeu_ps(out, _mm512_permutex2var_ps(lo, i0, hi));
+    _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo, i1, hi));
   }
   static void StoreF16(uint16_t* p, T v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),

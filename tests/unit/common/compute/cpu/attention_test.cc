@@ -104,34 +104,62 @@ void Prepare(const Seq& s, std::mt19937& rng, SeqData& d) {
                          d.kv.ref,   d.out.data(), qw + 3};
 }
 
+// The reference output of query i, head h over the stored K/V: ref[e], and abs[e] = the
+// softmax-weighted mean of |V[.][e]|. round_q: q * scale rounded to bf16 first, as the bf16 dot
+// kernel does.
+void Reference(const Seq& s, const SeqData& d, int i, int h, bool round_q, std::vector<double>& ref,
+               std::vector<double>& abs) {
+  const int g = s.n_heads / s.n_kv, D = s.head_dim, kvh = h / g, last = s.n_past + i;
+  std::vector<double> sc(last + 1);
+  double mx = -1e300;
+  for (int t = 0; t <= last; ++t) {
+    double dot = 0;
+    for (int e = 0; e < D; ++e) {
+      const float q = d.q[i * d.args.q_stride + h * D + e];
+      const double k = Stored(d.kv.ref.k_at(t, kvh, D), e, s.dt);
+      dot += round_q ? double(Bf16ToFp32(Fp32ToBf16(q * d.args.scale))) * k
+                     : double(q) * k * d.args.scale;
+    }
+    sc[t] = dot;
+    mx = std::max(mx, sc[t]);
+  }
+  double den = 0;
+  for (double& x : sc) den += (x = std::exp(x - mx));
+  ref.assign(D, 0.0);
+  abs.assign(D, 0.0);
+  for (int e = 0; e < D; ++e) {
+    for (int t = 0; t <= last; ++t) {
+      const double v = Stored(d.kv.ref.v_at(t, kvh, D), e, s.dt);
+      ref[e] += sc[t] * v;
+      abs[e] += sc[t] * std::fabs(v);
+    }
+    ref[e] /= den;
+    abs[e] /= den;
+  }
+}
+
+// Each output row against the reference: within 2e-5 relative; or, for bf16 KV, the bf16 dot
+// kernel's arithmetic: scores from q rounded to bf16, and each probability rounded to bf16 before
+// PV (|error| <= 2^-9 of the weighted mean of |V|; 2^-8 allows for the sums' own rounding).
 void CheckAgainstReference(const Seq& s, const SeqData& d, IsaLevel isa) {
-  const int g = s.n_heads / s.n_kv, D = s.head_dim;
+  const int D = s.head_dim;
+  std::vector<double> ref, abs;
   for (int i = 0; i < s.n_q; ++i) {
     for (int h = 0; h < s.n_heads; ++h) {
-      const int kvh = h / g;
-      const int last = s.n_past + i;
-      std::vector<double> sc(last + 1);
-      double mx = -1e300;
-      for (int t = 0; t <= last; ++t) {
-        double dot = 0;
-        for (int e = 0; e < D; ++e) {
-          dot += double(d.q[i * d.args.q_stride + h * D + e]) *
-                 Stored(d.kv.ref.k_at(t, kvh, D), e, s.dt);
-        }
-        sc[t] = dot * d.args.scale;
-        mx = std::max(mx, sc[t]);
-      }
-      double den = 0;
-      for (double& x : sc) den += (x = std::exp(x - mx));
+      const float* out = d.out.data() + i * d.args.out_stride + h * D;
+      Reference(s, d, i, h, false, ref, abs);
+      bool exact = true;
+      for (int e = 0; e < D; ++e)
+        exact &= std::fabs(out[e] - ref[e]) <= 2e-5 * (1 + std::fabs(ref[e]));
+      if (exact) continue;
+      const bool rounded = s.dt == KvDtype::kBF16 && isa >= IsaLevel::kAvx512;
+      if (rounded) Reference(s, d, i, h, true, ref, abs);
       for (int e = 0; e < D; ++e) {
-        double ref = 0;
-        for (int t = 0; t <= last; ++t) {
-          ref += sc[t] * Stored(d.kv.ref.v_at(t, kvh, D), e, s.dt);
-        }
-        ref /= den;
-        ASSERT_NEAR(d.out[i * d.args.out_stride + h * D + e], ref, 2e-5 * (1 + std::fabs(ref)))
+        const double tol =
+            2e-5 * (1 + std::fabs(ref[e])) + (rounded ? std::ldexp(abs[e], -8) : 0.0);
+        ASSERT_NEAR(out[e], ref[e], tol)
             << "isa=" << IsaName(isa) << " n_q=" << s.n_q << " n_past=" << s.n_past << " D=" << D
-            << " i=" << i << " h=" << h << " e=" << e;
+            << " i=" << i << " h=" << h << " e=" << e << (rounded ? " (bf16 dots)" : "");
       }
     }
     for (int e = s.n_heads * D; e < d.args.out_stride; ++e) {
@@ -228,7 +256,7 @@ TEST(AttentionCpuTest, DecodeKernelShapes) {
 TEST(AttentionCpuTest, BatchInvariantChunkRowsEqualLoneQueries) {
   for (IsaLevel isa : Levels()) {
     SetIsaCap(isa);
-    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kQ8_0}) {
+    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16, KvDtype::kQ8_0}) {
       std::mt19937 rng(31);
       const Seq s{40, 90, 9, 3, 64, dt, 16};
       SeqData d;
