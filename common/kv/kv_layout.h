@@ -52,11 +52,27 @@ struct KvLayout {
   }
 };
 
+// K of the 2-byte types is kept in tiles of kKvKTile slots, transposed, wherever a block holds a
+// whole number of them (KvKTiled): within a head's run of rows in a block, tile t holds slots
+// [16t, 16t + 16) as [head_dim / 2][16 slots][2 elements], i.e. element d of the tile's slot j at
+// byte ((d / 2) * 16 + j) * 4 + (d % 2) * 2. A tile takes as many bytes as its 16 rows would.
+// The decode kernel then computes 16 slots' scores with the slots across the lanes (no
+// horizontal sums), and bf16 dot products take the element pairs as they lie. V, and K of other
+// types or other block sizes, stay rows. The same layout on every path, so that caches and
+// snapshots move between them as bytes.
+constexpr int kKvKTile = 16;
+
+constexpr bool KvKTiled(KvDtype t, int block_tokens, int head_dim) {
+  return (t == KvDtype::kF16 || t == KvDtype::kBF16) && block_tokens % kKvKTile == 0 &&
+         head_dim % 2 == 0;
+}
+
 // One sequence's K/V in one layer. Slots (cache rows, in order of insertion) are grouped in
 // blocks of block_tokens; slot s lives in block block_ids[s / block_tokens], row s % block_tokens.
-// A block of K is [n_kv_heads][block_tokens][head_dim] elements, contiguous; V likewise, so one
-// head's rows are contiguous within a block. A cache may also be one block of its capacity.
-// RoPE is already applied to stored K; slots need not be positions (trimmed KV).
+// A block of K is [n_kv_heads][block_tokens][head_dim] elements, contiguous (with K's 16-slot
+// tiles transposed where KvKTiled, see above); V likewise, so one head's rows are contiguous
+// within a block. A cache may also be one block of its capacity. RoPE is already applied to
+// stored K; slots need not be positions (trimmed KV).
 struct KvLayerRef {
   uint8_t* k_base = nullptr;  // block b of K starts at k_base + b * block_bytes
   uint8_t* v_base = nullptr;
@@ -69,9 +85,28 @@ struct KvLayerRef {
   // layer that wrote no K/V for the prompt (POP's "no K/V" control) sees nothing of it.
   int32_t first_visible_slot = 0;
 
-  // Address of K (or V) for slot s, kv head h (head_dim elements follow).
+  bool k_tiled(int head_dim) const { return KvKTiled(dtype, block_tokens, head_dim); }
+  // Where slot s's K row (kv head h) would start if rows: for a tiled K, the start of the row's
+  // 16-slot tile plus (s % 16) * row bytes, which only ReadK / WriteK and the kernels interpret.
   uint8_t* k_at(int64_t s, int h, int head_dim) const { return at(k_base, s, h, head_dim); }
+  // Address of V for slot s, kv head h (head_dim elements follow).
   uint8_t* v_at(int64_t s, int h, int head_dim) const { return at(v_base, s, h, head_dim); }
+  // Slot s's K row for kv head h, in row order (KvRowBytes(dtype, head_dim) bytes), out of or
+  // into the cache whatever its layout.
+  void ReadK(int64_t s, int h, int head_dim, uint8_t* row) const {
+    const uint8_t* src = k_at(s, h, head_dim);
+    if (!k_tiled(head_dim)) return Copy(src, row, KvRowBytes(dtype, head_dim));
+    const uint8_t* tile = src - (s % kKvKTile) * KvRowBytes(dtype, head_dim);
+    const int j = static_cast<int>(s % kKvKTile);
+    for (int p = 0; p < head_dim / 2; ++p) Copy(tile + (p * kKvKTile + j) * 4, row + p * 4, 4);
+  }
+  void WriteK(int64_t s, int h, int head_dim, const uint8_t* row) const {
+    uint8_t* dst = k_at(s, h, head_dim);
+    if (!k_tiled(head_dim)) return Copy(row, dst, KvRowBytes(dtype, head_dim));
+    uint8_t* tile = dst - (s % kKvKTile) * KvRowBytes(dtype, head_dim);
+    const int j = static_cast<int>(s % kKvKTile);
+    for (int p = 0; p < head_dim / 2; ++p) Copy(row + p * 4, tile + (p * kKvKTile + j) * 4, 4);
+  }
 
  private:
   uint8_t* at(uint8_t* base, int64_t s, int h, int head_dim) const {
@@ -80,6 +115,7 @@ struct KvLayerRef {
     return base + b * block_bytes +
            (static_cast<int64_t>(h) * block_tokens + r) * KvRowBytes(dtype, head_dim);
   }
+  static void Copy(const uint8_t* from, uint8_t* to, size_t n) { __builtin_memcpy(to, from, n); }
 };
 
 }  // namespace tripod

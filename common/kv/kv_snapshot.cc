@@ -140,7 +140,7 @@ absl::StatusOr<KvSnapshot> ExportSnapshot(KvStore& store, int32_t kv_seq, int n_
     }
     for (int h = 0; h < l.n_kv_heads; ++h) {
       for (int j = 0; j < n_slots; ++j) {
-        std::memcpy(s.k.data() + s.offset(layer, h, j), ref.k_at(j, h, l.head_dim), s.row_bytes());
+        ref.ReadK(j, h, l.head_dim, s.k.data() + s.offset(layer, h, j));
         std::memcpy(s.v.data() + s.offset(layer, h, j), ref.v_at(j, h, l.head_dim), s.row_bytes());
       }
     }
@@ -162,10 +162,11 @@ absl::Status WriteSnapshot(const KvSnapshot& s, KvStore& store, int32_t kv_seq) 
     if (int64_t{ref.n_blocks} * ref.block_tokens < s.n_slots) {
       return absl::OutOfRangeError("KV import: the sequence has no room for the snapshot");
     }
+    std::vector<uint8_t> row(KvRowBytes(dst.dtype, dst.head_dim));
     for (int h = 0; h < src.n_kv_heads; ++h) {
       for (int j = 0; j < s.n_slots; ++j) {
-        CopyRow(s.k.data() + s.offset(layer, h, j), src.dtype, ref.k_at(j, h, dst.head_dim),
-                dst.dtype, dst.head_dim);
+        CopyRow(s.k.data() + s.offset(layer, h, j), src.dtype, row.data(), dst.dtype, dst.head_dim);
+        ref.WriteK(j, h, dst.head_dim, row.data());
         CopyRow(s.v.data() + s.offset(layer, h, j), src.dtype, ref.v_at(j, h, dst.head_dim),
                 dst.dtype, dst.head_dim);
       }

@@ -107,6 +107,7 @@ void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t 
   float* qs = scratch;
   float* kr = qs + D;
   float* vr = kr + D;
+  uint8_t* krow = reinterpret_cast<uint8_t*>(vr + D);  // a stored K row, in row order
   for (int r = 0; r < rows; ++r) {
     const int qi = q0 + r / g, h = kvh * g + r % g;
     const float* src = a.q + qi * a.q_stride + h * D;
@@ -116,7 +117,8 @@ void Block(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t 
     float mr = kNegInf, lr = 0.0f;
     const int64_t end = std::min<int64_t>(k1, a.n_past + qi + 1);
     for (int64_t s = k0; s < end; ++s) {
-      LoadRowScalar(a.kv.k_at(s, kvh, D), a.kv.dtype, D, kr);
+      a.kv.ReadK(s, kvh, D, krow);
+      LoadRowScalar(krow, a.kv.dtype, D, kr);
       float sc = 0.0f;
       for (int d = 0; d < D; ++d) sc += qs[d] * kr[d];
       if (sc > mr) {
@@ -350,10 +352,17 @@ void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_
   auto convert = isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
                  : isa >= IsaLevel::kAvx2 ? attn::avx2::ConvertRow
                                           : attn::scalar::ConvertRow;
+  const bool tiled = kv.k_tiled(head_dim);
+  std::vector<uint8_t> row(tiled ? KvRowBytes(kv.dtype, head_dim) : 0);
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < n_kv_heads; ++h) {
       const int64_t off = t * stride + static_cast<int64_t>(h) * head_dim;
-      convert(k + off, head_dim, kv.dtype, kv.k_at(slot_begin + t, h, head_dim));
+      if (tiled) {  // converted as a row, then put in its tile
+        convert(k + off, head_dim, kv.dtype, row.data());
+        kv.WriteK(slot_begin + t, h, head_dim, row.data());
+      } else {
+        convert(k + off, head_dim, kv.dtype, kv.k_at(slot_begin + t, h, head_dim));
+      }
       convert(v + off, head_dim, kv.dtype, kv.v_at(slot_begin + t, h, head_dim));
     }
   }

@@ -45,6 +45,26 @@ struct Vec {
     const __m256 hi = _mm256_permute2f128_ps(a, b, 0x31);
     _mm256_storeu_ps(out, _mm256_add_ps(lo, hi));
   }
+  static T Bcast64(const float* p) {
+    double d;
+    __builtin_memcpy(&d, p, 8);
+    return _mm256_castpd_ps(_mm256_set1_pd(d));
+  }
+  // even = lanes 0, 2, .. of a then of b; odd = lanes 1, 3, ...
+  static void Unzip(T a, T b, T* even, T* odd) {
+    const __m256 e = _mm256_shuffle_ps(a, b, 0x88);  // a0 a2 b0 b2 | a4 a6 b4 b6
+    const __m256 o = _mm256_shuffle_ps(a, b, 0xdd);
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xd8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xd8));
+  }
+  // out[i] = the sum of lanes 2i and 2i + 1 of the 4 accumulators taken as one (16 outputs).
+  static void PairSums(const T* acc, float* out) {
+    for (int h = 0; h < 2; ++h) {  // hadd gives slots 0 1 4 5 2 3 6 7 of each 8
+      const __m256 s = _mm256_hadd_ps(acc[2 * h], acc[2 * h + 1]);
+      _mm256_storeu_ps(out + 8 * h,
+                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xd8)));
+    }
+  }
   // DecodeRows' partial sums: 8 lanes already, nothing to fold.
   using Part = __m256;
   static Part Fold(T v) { return v; }

@@ -85,6 +85,26 @@ struct Vec {
     return _mm512_cvtepi32_ps(
         _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
+  // p[0], p[1] in every pair of lanes.
+  static T Bcast64(const float* p) {
+    double d;
+    __builtin_memcpy(&d, p, 8);
+    return _mm512_castpd_ps(_mm512_set1_pd(d));
+  }
+  // even = lanes 0, 2, .. of a then of b; odd = lanes 1, 3, ...
+  static void Unzip(T a, T b, T* even, T* odd) {
+    const __m512i e = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    *even = _mm512_permutex2var_ps(a, e, b);
+    *odd = _mm512_permutex2var_ps(a, _mm512_add_epi32(e, _mm512_set1_epi32(1)), b);
+  }
+  // out[i] = the sum of lanes 2i and 2i + 1 of acc[0] (i < 8), of acc[1] for out[8 + i].
+  static void PairSums(const T* acc, float* out) {
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    _mm512_storeu_ps(out, _mm512_add_ps(_mm512_permutex2var_ps(acc[0], even, acc[1]),
+                                        _mm512_permutex2var_ps(acc[0], odd, acc[1])));
+  }
   // bf16 dot products (AVX512_BF16, part of this ISA level): see DecodeRows.
   static constexpr bool kBf16Dot = true;
   static T LoadRaw(const uint8_t* p) { return _mm512_castsi512_ps(_mm512_loadu_si512(p)); }

@@ -106,6 +106,27 @@ inline void PVRows(const float* p, const float* vt, int n, int head_dim, float* 
   }
 }
 
+// A stored K tile (kv_layout.h) into the transposed staging tile: kt[d * kKeyTile + j] for its
+// 16 slots j. Each element pair of W / 2 slots loads as W floats, and V::Unzip splits them by
+// element.
+template <class V>
+inline void StageKTile(const uint8_t* tile, KvDtype dt, int head_dim, float* kt) {
+  constexpr int W = V::W;
+  for (int p = 0; p < head_dim / 2; ++p) {
+    const uint16_t* src = reinterpret_cast<const uint16_t*>(tile + p * kKvKTile * 4);
+    for (int j = 0; j < kKvKTile; j += W) {  // slots j .. j + W
+      const typename V::T a =
+          dt == KvDtype::kF16 ? V::LoadF16(src + 2 * j) : V::LoadBf16(src + 2 * j);
+      const typename V::T b =
+          dt == KvDtype::kF16 ? V::LoadF16(src + 2 * j + W) : V::LoadBf16(src + 2 * j + W);
+      typename V::T even, odd;
+      V::Unzip(a, b, &even, &odd);
+      V::Store(kt + (2 * p) * kKeyTile + j, even);
+      V::Store(kt + (2 * p + 1) * kKeyTile + j, odd);
+    }
+  }
+}
+
 template <class V>
 void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int64_t k1,
                float* scratch, float* o, float* m, float* l) {
@@ -139,19 +160,34 @@ void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
   // The last query sees slots up to n_past + q1 - 1.
   const int64_t kend = k1 < a.n_past + q1 ? k1 : a.n_past + q1;
   alignas(64) float row_buf[512];  // one K row when transposing (head_dim <= 512)
+  // A stored K row: in place, or gathered out of its tile (kv_layout.h) into krow.
+  const bool k_tiled = a.kv.k_tiled(D);
+  alignas(64) uint8_t krow[1024];  // tiled K is 2-byte: head_dim <= 512
+  auto KRow = [&](int64_t t) -> const uint8_t* {
+    if (!k_tiled) return a.kv.k_at(t, kvh, D);
+    a.kv.ReadK(t, kvh, D, krow);
+    return krow;
+  };
 
   for (int64_t t0 = k0; t0 < kend; t0 += kKeyTile) {
     const int n = Imin(kKeyTile, kend - t0);
     // K tile.
     if (wide) {
-      for (int j = 0; j < n; ++j) {
-        LoadRow<V>(a.kv.k_at(t0 + j, kvh, D), a.kv.dtype, D, row_buf);
+      for (int j = 0; j < n;) {
+        const int64_t t = t0 + j;
+        if (k_tiled && t % kKvKTile == 0 && j + kKvKTile <= n) {  // a whole stored K tile
+          StageKTile<V>(a.kv.k_at(t, kvh, D), a.kv.dtype, D, kt + j);
+          j += kKvKTile;
+          continue;
+        }
+        LoadRow<V>(KRow(t), a.kv.dtype, D, row_buf);
         for (int d = 0; d < D; ++d) kt[d * kKeyTile + j] = row_buf[d];
+        ++j;
       }
       for (int d = 0; d < D; ++d)
         for (int j = n; j < kKeyTile; ++j) kt[d * kKeyTile + j] = 0.0f;
     } else {
-      for (int j = 0; j < n; ++j) LoadRow<V>(a.kv.k_at(t0 + j, kvh, D), a.kv.dtype, D, kt + j * D);
+      for (int j = 0; j < n; ++j) LoadRow<V>(KRow(t0 + j), a.kv.dtype, D, kt + j * D);
       // Zero rows past the tile end, so the W-slot loop below has a constant trip count (its
       // accumulators then stay in registers).
       for (int j = n; j < ((n + W - 1) / W) * W; ++j)
@@ -293,6 +329,59 @@ constexpr bool UsesBf16Dots() {
   }
 }
 
+// Scores of RB rows against one K tile (kv_layout.h: [head_dim / 2][16 slots][2] elements):
+// s[r][j] for the tile's 16 slots. q: the rows, D floats apart (scaled fp32, or for the bf16 dot
+// path its bf16 pairs). Slots run across the lanes, so no horizontal sums: fp32 FMAs take each
+// element pair of W / 2 slots against q's pair, and V::PairSums adds the pairs' halves; bf16 dots
+// take the pairs as they lie.
+template <class V, KvDtype DT, int DV, int RB>
+inline void ScoreKTile(const uint8_t* tile, const float* q, float (*s)[kDecodeTile]) {
+  using T = typename V::T;
+  constexpr int W = V::W, D = DV * W, kT = kDecodeTile, kPairBytes = kT * 4;
+  static_assert(kT == kKvKTile);
+  if constexpr (UsesBf16Dots<V, DT, DV>()) {
+    static_assert(kT == W);
+    T acc[RB];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) acc[r] = V::Zero();
+#pragma GCC unroll 8
+    for (int p = 0; p < D / 2; ++p) {
+      const T k = V::LoadRaw(tile + p * kPairBytes);
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) {
+        const T qp = V::Bcast32(reinterpret_cast<const uint16_t*>(q + r * D) + 2 * p);
+        acc[r] = V::DotBf16(acc[r], qp, k);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) V::Store(s[r], acc[r]);
+  } else {
+    constexpr int kNG = 2 * kT / W;  // registers per element pair: W / 2 slots each
+    T acc[RB][kNG];
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+      for (int g = 0; g < kNG; ++g) acc[r][g] = V::Zero();
+#pragma GCC unroll 8
+    for (int p = 0; p < D / 2; ++p) {
+      T k[kNG];
+      const uint16_t* kp = reinterpret_cast<const uint16_t*>(tile + p * kPairBytes);
+#pragma GCC unroll 16
+      for (int g = 0; g < kNG; ++g) {
+        k[g] = DT == KvDtype::kF16 ? V::LoadF16(kp + g * W) : V::LoadBf16(kp + g * W);
+      }
+#pragma GCC unroll 16
+      for (int r = 0; r < RB; ++r) {
+        const T qp = V::Bcast64(q + r * D + 2 * p);
+#pragma GCC unroll 16
+        for (int g = 0; g < kNG; ++g) acc[r][g] = V::Fma(qp, k[g], acc[r][g]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < RB; ++r) V::PairSums(acc[r], s[r]);
+  }
+}
+
 // Where a decode call's rows are: for head hh of the call (kv head kvh0 + hh) and row r < RB,
 // q / o at (hh * head_rows + r) * head_dim, m / l at hh * head_rows + r.
 struct DecodeRowsAt {
@@ -339,6 +428,8 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
   // are spread over the slot loop, a row at a time: issued a tile at once, most were dropped
   // (as slow as none).
   const bool prefetching = head_bytes < kDecodeLongRun;
+  // K in 16-slot tiles (kv_layout.h): a decode tile is one of them, as both align to slot 0.
+  const bool tiled = kv.k_tiled(D);
   // A block right after its predecessor in memory, read whole (every head), continues a stream
   // that the hardware prefetcher follows; software prefetches there only got in its way
   // (sequential blocks, 16 sequences x 512 slots, one thread: 0.33 ms a layer without, 0.57
@@ -424,17 +515,31 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
           }
         }
       };
-      if (n == kT) {  // a whole tile: a constant trip count, unrolled
-#pragma GCC unroll 16
-        for (int j = 0; j < kT; ++j) score(j);
-      } else {
-        for (int j = 0; j < n; ++j) score(j);
+      if constexpr (DT == KvDtype::kF16 || DT == KvDtype::kBF16) {
+        if (tiled) {
+          // The whole K tile (slots from t0 - t0 % kT; those past n are masked below), then
+          // the scores moved down to start at t0 where the task starts mid-tile.
+          const int shift = static_cast<int>(t0 % kT);
+          ScoreKTile<V, DT, DV, RB>(kb + off[0] - shift * kRowBytes, qh, s);
+          if (shift > 0) {
+            for (int r = 0; r < RB; ++r) __builtin_memmove(s[r], s[r] + shift, sizeof(float) * n);
+          }
+          for (int j = 0; j < pn; ++j) prefetch_row(pf[j] + hh * head_bytes);
+        }
       }
+      if (!tiled) {
+        if (n == kT) {  // a whole tile: a constant trip count, unrolled
 #pragma GCC unroll 16
-      for (int r = 0; r < RB; ++r) {
-        for (int j = n; j < kT; ++j) parts[r][j] = V::Fold(V::Zero());
+          for (int j = 0; j < kT; ++j) score(j);
+        } else {
+          for (int j = 0; j < n; ++j) score(j);
+        }
 #pragma GCC unroll 16
-        for (int tv = 0; tv < kTV; ++tv) V::ReduceParts(parts[r] + tv * W, s[r] + tv * W);
+        for (int r = 0; r < RB; ++r) {
+          for (int j = n; j < kT; ++j) parts[r][j] = V::Fold(V::Zero());
+#pragma GCC unroll 16
+          for (int tv = 0; tv < kTV; ++tv) V::ReduceParts(parts[r] + tv * W, s[r] + tv * W);
+        }
       }
 // Online softmax per row over the tile.
 #pragma GCC unroll 16

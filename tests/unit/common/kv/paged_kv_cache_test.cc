@@ -318,9 +318,11 @@ TEST(PagedKvCacheTest, ImportUntrimmedPublishesAndConvertsToF16) {
     const KvLayerRef r = c->Layer(a, l);
     for (int h = 0; h < 2; ++h) {
       for (int j = 0; j < 9; ++j) {
+        uint8_t krow[8];
+        r.ReadK(j, h, 4, krow);  // K rows or tiles alike (kv_layout.h)
         for (int e = 0; e < 4; ++e) {
           uint16_t k, v;
-          std::memcpy(&k, r.k_at(j, h, 4) + 2 * e, 2);
+          std::memcpy(&k, krow + 2 * e, 2);
           std::memcpy(&v, r.v_at(j, h, 4) + 2 * e, 2);
           ASSERT_EQ(Fp16ToFp32(k), Tag(0, j, l, h, 0, e));
           ASSERT_EQ(Fp16ToFp32(v), Tag(0, j, l, h, 1, e));

@@ -9,6 +9,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "common/compute/cpu/cpu_features.h"
@@ -111,12 +112,14 @@ void Reference(const Seq& s, const SeqData& d, int i, int h, bool round_q, std::
                std::vector<double>& abs) {
   const int g = s.n_heads / s.n_kv, D = s.head_dim, kvh = h / g, last = s.n_past + i;
   std::vector<double> sc(last + 1);
+  std::vector<uint8_t> krow(KvRowBytes(s.dt, D));
   double mx = -1e300;
   for (int t = 0; t <= last; ++t) {
+    d.kv.ref.ReadK(t, kvh, D, krow.data());  // rows or tiles alike
     double dot = 0;
     for (int e = 0; e < D; ++e) {
       const float q = d.q[i * d.args.q_stride + h * D + e];
-      const double k = Stored(d.kv.ref.k_at(t, kvh, D), e, s.dt);
+      const double k = Stored(krow.data(), e, s.dt);
       dot += round_q ? double(Bf16ToFp32(Fp32ToBf16(q * d.args.scale))) * k
                      : double(q) * k * d.args.scale;
     }
@@ -330,14 +333,22 @@ TEST(WriteKvCpuTest, ConversionsMatchReference) {
   }
   for (IsaLevel isa : Levels()) {
     SetIsaCap(isa);
-    for (KvDtype dt : {KvDtype::kF32, KvDtype::kF16, KvDtype::kBF16}) {
-      PagedKv kv = MakeKv(dt, n_kv, D, 4, n + 3, rng);
+    // Blocks of 4 slots keep K in rows; of 16, the 2-byte types' K in tiles (kv_layout.h).
+    for (const auto& [dt, bt] : std::vector<std::pair<KvDtype, int>>{{KvDtype::kF32, 4},
+                                                                     {KvDtype::kF16, 4},
+                                                                     {KvDtype::kBF16, 4},
+                                                                     {KvDtype::kF16, 16},
+                                                                     {KvDtype::kBF16, 16}}) {
+      PagedKv kv = MakeKv(dt, n_kv, D, bt, n + 3, rng);
+      ASSERT_EQ(kv.ref.k_tiled(D), bt == 16);
       WriteKvCpu(rows.data(), rows.data(), n, n_kv * D, n_kv, D, kv.ref, 3);
+      std::vector<uint8_t> krow(KvRowBytes(dt, D));
       for (int t = 0; t < n; ++t) {
         for (int h = 0; h < n_kv; ++h) {
+          kv.ref.ReadK(3 + t, h, D, krow.data());
           for (int e = 0; e < D; ++e) {
             const float x = rows[(t * n_kv + h) * D + e];
-            const uint8_t* pk = kv.ref.k_at(3 + t, h, D) + e * KvRowBytes(dt, 1);
+            const uint8_t* pk = krow.data() + e * KvRowBytes(dt, 1);
             const uint8_t* pv = kv.ref.v_at(3 + t, h, D) + e * KvRowBytes(dt, 1);
             if (dt == KvDtype::kF32) {
               ASSERT_EQ(std::memcmp(pk, &x, 4), 0);
