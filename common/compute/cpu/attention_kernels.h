@@ -524,7 +524,6 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
           if (shift > 0) {
             for (int r = 0; r < RB; ++r) __builtin_memmove(s[r], s[r] + shift, sizeof(float) * n);
           }
-          for (int j = 0; j < pn; ++j) prefetch_row(pf[j] + hh * head_bytes);
         }
       }
       if (!tiled) {
@@ -586,6 +585,8 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
             V::StoreRoundBf16(pb[r] + tv * W, V::Load(s[r] + tv * W));
         }
         for (int j = 0; j < n; j += 2) {
+          if (tiled && j < pn) prefetch_row(pf[j] + hh * head_bytes);
+          if (tiled && j + 1 < pn) prefetch_row(pf[j + 1] + hh * head_bytes);
           T va[DV / 2], vb2[DV / 2];
 #pragma GCC unroll 16
           for (int c = 0; c < DV / 2; ++c) {
@@ -608,6 +609,9 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
         }
       }
       for (int j = 0; !kDot16 && j < n; ++j) {
+        // A tiled K's scores took no per-slot loop: its tile's prefetches go here, spread the
+        // same way (issued at once, most were dropped).
+        if (tiled && j < pn) prefetch_row(pf[j] + hh * head_bytes);
         T vr[DV];
 #pragma GCC unroll 16
         for (int c = 0; c < DV; ++c) vr[c] = LoadKv<V, DT>(vb + off[j], c);
