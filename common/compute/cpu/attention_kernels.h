@@ -4,8 +4,10 @@
 //
 // Per 64-slot tile: convert K and V to fp32, S = Q K^T (scaled Q), online softmax, O += P V.
 // Many rows (prefill): K is transposed into [d][slot] so a 4-row x (kCV vectors of slots)
-// register tile does 4 * kCV FMAs per 4 + kCV loads. Few rows (decode): dot products along d
-// per slot, reduced W slots at a time, so no transpose is paid for 1-8 rows.
+// register tile does 4 * kCV FMAs per 4 + kCV loads (a stored K tile, kv_layout.h, unzips into
+// it directly). Few rows (decode, DecodeRows): straight from the cache, 16 slots at a time; a
+// tiled K gives the scores with the slots across the lanes, K rows give dot products along d per
+// slot, reduced W slots at a time.
 #pragma once
 
 #include <immintrin.h>
