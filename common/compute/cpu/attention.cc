@@ -353,7 +353,9 @@ void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_
                  : isa >= IsaLevel::kAvx2 ? attn::avx2::ConvertRow
                                           : attn::scalar::ConvertRow;
   const bool tiled = kv.k_tiled(head_dim);
-  std::vector<uint8_t> row(tiled ? KvRowBytes(kv.dtype, head_dim) : 0);
+  // A tiled K row on its way in; reused, as a decode step writes here for every layer.
+  thread_local std::vector<uint8_t> row;
+  row.resize(tiled ? KvRowBytes(kv.dtype, head_dim) : 0);
   for (int t = 0; t < n; ++t) {
     for (int h = 0; h < n_kv_heads; ++h) {
       const int64_t off = t * stride + static_cast<int64_t>(h) * head_dim;

@@ -367,11 +367,8 @@ inline void ScoreKTile(const uint8_t* tile, const float* q, float (*s)[kDecodeTi
 #pragma GCC unroll 8
     for (int p = 0; p < D / 2; ++p) {
       T k[kNG];
-      const uint16_t* kp = reinterpret_cast<const uint16_t*>(tile + p * kPairBytes);
 #pragma GCC unroll 16
-      for (int g = 0; g < kNG; ++g) {
-        k[g] = DT == KvDtype::kF16 ? V::LoadF16(kp + g * W) : V::LoadBf16(kp + g * W);
-      }
+      for (int g = 0; g < kNG; ++g) k[g] = LoadKv<V, DT>(tile + p * kPairBytes, g);
 #pragma GCC unroll 16
       for (int r = 0; r < RB; ++r) {
         const T qp = V::Bcast64(q + r * D + 2 * p);
@@ -517,8 +514,8 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
           }
         }
       };
-      if constexpr (DT == KvDtype::kF16 || DT == KvDtype::kBF16) {
-        if (tiled) {
+      if (tiled) {
+        if constexpr (DT == KvDtype::kF16 || DT == KvDtype::kBF16) {  // the only tiled types
           // The whole K tile (slots from t0 - t0 % kT; those past n are masked below), then
           // the scores moved down to start at t0 where the task starts mid-tile.
           const int shift = static_cast<int>(t0 % kT);
@@ -527,8 +524,7 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
             for (int r = 0; r < RB; ++r) __builtin_memmove(s[r], s[r] + shift, sizeof(float) * n);
           }
         }
-      }
-      if (!tiled) {
+      } else {
         if (n == kT) {  // a whole tile: a constant trip count, unrolled
 #pragma GCC unroll 16
           for (int j = 0; j < kT; ++j) score(j);
