@@ -518,12 +518,13 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
           }
         }
       };
+      // A tiled K: the offset of the tile holding t0 (its first slot is t0 - t0 % kT).
+      const size_t tile_off = off[0] - (t0 % kT) * kRowBytes;
       if (tiled) {
         if constexpr (DT == KvDtype::kF16 || DT == KvDtype::kBF16) {  // the only tiled types
           // The whole K tile (slots from t0 - t0 % kT; those past n are masked below), then
           // the scores moved down to start at t0 where the task starts mid-tile.
           const int shift = static_cast<int>(t0 % kT);
-          const size_t tile_off = off[0] - shift * kRowBytes;
           ScoreKTile<V, DT, DV, RB>(kb + tile_off, qh, s, vb + tile_off);
           if (shift > 0) {
             for (int r = 0; r < RB; ++r) __builtin_memmove(s[r], s[r] + shift, sizeof(float) * n);
@@ -582,11 +583,11 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
       // then in flight during the other's arithmetic. The L2 stream prefetcher alone left them to
       // demand misses: in the forward after 2048 tokens (blocks in order, nothing else
       // prefetched) the V loads took a fifth of the kernel's samples, and decode ran 1.06x as
-      // fast with both prefetches (median of 30 in-process alternations, Zen 4).
+      // fast with both prefetches (medians of 3 runs of 20-30 in-process alternations, Zen 4).
       const uint8_t* next_k = nullptr;
       if (tiled) {
         if (hh + 1 < nh) {
-          next_k = kb + head_bytes + off[0] - (t0 % kT) * kRowBytes;
+          next_k = kb + head_bytes + tile_off;
         } else if (tile_end < kend) {
           next_k = kv.k_base + row_offset(tile_end);
         }
