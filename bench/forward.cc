@@ -23,7 +23,8 @@ ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0")
 ABSL_FLAG(std::string, lengths, "128,512,2048", "prompt lengths");
 ABSL_FLAG(int, decode_tokens, 128, "greedy tokens decoded after each prompt");
 ABSL_FLAG(int, reps, 2, "repetitions (the best is reported, and the mean rates as *_mean)");
-ABSL_FLAG(int, chunk, 2048, "prefill chunk size");
+ABSL_FLAG(int, chunk, tripod::SessionOptions{}.prefill_chunk,
+          "prefill chunk size (default: the session's)");
 
 namespace tripod {
 namespace {

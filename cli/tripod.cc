@@ -49,7 +49,8 @@ ABSL_FLAG(std::string, precision, "auto",
           "CPU has them, int16 GEMVs for 1-3 rows)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0");
-ABSL_FLAG(int, chunk, 1024, "prefill chunk size in tokens (1 = token by token)");
+ABSL_FLAG(int, chunk, tripod::SessionOptions{}.prefill_chunk,
+          "prefill chunk size in tokens (1 = token by token)");
 ABSL_FLAG(int, context, 0, "KV capacity in tokens (default: the model's context length)");
 ABSL_FLAG(bool, print_ids, false, "generate: print the generated ids instead of text");
 ABSL_FLAG(bool, all, false, "logits: write the logits of every position, not just the last");

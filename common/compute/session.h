@@ -25,8 +25,11 @@ struct SessionOptions {
   std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision)
   // KV element type: auto (the precision's: f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0.
   std::string kv_cache_dtype = "auto";
-  int context_tokens = 0;    // 0: the model's context length
-  int prefill_chunk = 1024;  // tokens per prefill forward
+  int context_tokens = 0;  // 0: the model's context length
+  // Tokens per prefill forward. 512 keeps a chunk's activations (a 512 x 3072 gate/up output is
+  // 6 MB) near the caches while the GEMMs stay large enough for AMX: a 2048-token prompt
+  // prefilled 1.07x as fast as in chunks of 1024, 1.08x as in one (Emerald Rapids, 2 threads).
+  int prefill_chunk = 512;
 };
 
 class Session {

@@ -341,32 +341,68 @@ void AttentionCpu(std::span<const AttentionArgs> seqs) {
   }
 }
 
+namespace {
+
+using ConvertFn = void (*)(const float* src, int n, KvDtype dtype, uint8_t* dst);
+
+ConvertFn PickConvert() {
+  // Every ISA's ConvertRow quantises q8_0 rows with the one quantiser of kv_dtype.h.
+  const IsaLevel isa = ActiveIsa();
+  return isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
+         : isa >= IsaLevel::kAvx2 ? attn::avx2::ConvertRow
+                                  : attn::scalar::ConvertRow;
+}
+
+// Values below which a conversion stays on the calling thread (a decode step's few rows).
+constexpr int64_t kParallelConvertValues = 1 << 15;
+
+}  // namespace
+
 void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_heads, int head_dim,
                 const KvLayerRef& kv, int64_t slot_begin) {
   if (k == nullptr || v == nullptr || n <= 0 || kv.block_tokens <= 0 || slot_begin < 0 ||
       slot_begin + n > static_cast<int64_t>(kv.n_blocks) * kv.block_tokens) {
     return;
   }
-  const IsaLevel isa = ActiveIsa();
-  // Every ISA's ConvertRow quantises q8_0 rows with the one quantiser of kv_dtype.h.
-  auto convert = isa >= IsaLevel::kAvx512 ? attn::avx512::ConvertRow
-                 : isa >= IsaLevel::kAvx2 ? attn::avx2::ConvertRow
-                                          : attn::scalar::ConvertRow;
+  const ConvertFn convert = PickConvert();
   const bool tiled = kv.k_tiled(head_dim);
-  // A tiled K row on its way in; reused, as a decode step writes here for every layer.
-  thread_local std::vector<uint8_t> row;
-  row.resize(tiled ? KvRowBytes(kv.dtype, head_dim) : 0);
-  for (int t = 0; t < n; ++t) {
-    for (int h = 0; h < n_kv_heads; ++h) {
-      const int64_t off = t * stride + static_cast<int64_t>(h) * head_dim;
-      if (tiled) {  // converted as a row, then put in its tile
-        convert(k + off, head_dim, kv.dtype, row.data());
-        kv.WriteK(slot_begin + t, h, head_dim, row.data());
-      } else {
-        convert(k + off, head_dim, kv.dtype, kv.k_at(slot_begin + t, h, head_dim));
+  auto write = [&](int64_t t0, int64_t t1) {
+    // A tiled K row on its way in; reused, as a decode step writes here for every layer.
+    thread_local std::vector<uint8_t> row;
+    row.resize(tiled ? KvRowBytes(kv.dtype, head_dim) : 0);
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int h = 0; h < n_kv_heads; ++h) {
+        const int64_t off = t * stride + static_cast<int64_t>(h) * head_dim;
+        if (tiled) {  // converted as a row, then put in its tile
+          convert(k + off, head_dim, kv.dtype, row.data());
+          kv.WriteK(slot_begin + t, h, head_dim, row.data());
+        } else {
+          convert(k + off, head_dim, kv.dtype, kv.k_at(slot_begin + t, h, head_dim));
+        }
+        convert(v + off, head_dim, kv.dtype, kv.v_at(slot_begin + t, h, head_dim));
       }
-      convert(v + off, head_dim, kv.dtype, kv.v_at(slot_begin + t, h, head_dim));
     }
+  };
+  // A prefill's rows in parallel: slots are distinct, and so are the bytes they write (a tiled
+  // K's slots share tiles but not words).
+  if (int64_t{n} * n_kv_heads * head_dim * 2 < kParallelConvertValues) {
+    write(0, n);
+  } else {
+    ParallelFor(n, write);
+  }
+}
+
+void ConvertRowsCpu(const float* src, int64_t rows, int64_t src_ld, int n, KvDtype dtype,
+                    uint8_t* dst, int64_t dst_ld) {
+  if (rows <= 0 || n <= 0) return;
+  const ConvertFn convert = PickConvert();
+  auto run = [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) convert(src + r * src_ld, n, dtype, dst + r * dst_ld);
+  };
+  if (rows * n < kParallelConvertValues) {
+    run(0, rows);
+  } else {
+    ParallelFor(rows, run);
   }
 }
 

@@ -14,6 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/compute/cpu/attention.h"
+#include "common/kv/kv_dtype.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace tripod {
@@ -67,22 +69,6 @@ struct DnnlLinear::Impl {
     return cache.front();
   }
 };
-
-namespace {
-
-// fp32 -> bf16 with round-to-nearest-even (NaN stays NaN). The loop vectorises; prefill rows
-// are converted once per GEMM, O(m k) against the GEMM's O(m n k).
-void RowToBf16(const float* src, int64_t k, uint16_t* dst) {
-  for (int64_t t = 0; t < k; ++t) {
-    uint32_t u;
-    std::memcpy(&u, &src[t], 4);
-    const uint32_t rounded = u + 0x7fff + ((u >> 16) & 1);
-    const bool nan = (u & 0x7fffffff) > 0x7f800000;
-    dst[t] = static_cast<uint16_t>(nan ? ((u >> 16) | 0x40) : (rounded >> 16));
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<DnnlLinear>> DnnlLinear::Create(const float* w, int64_t n, int64_t k,
                                                                GemmPrecision precision) {
@@ -147,7 +133,8 @@ void DnnlLinear::Run(const float* x, int64_t m, int64_t ldx, float* y, int64_t l
     int64_t src_ld = ldx;
     if (im.precision == GemmPrecision::kBF16) {
       xb.resize(static_cast<size_t>(m) * im.k);
-      for (int64_t i = 0; i < m; ++i) RowToBf16(x + i * ldx, im.k, xb.data() + i * im.k);
+      ConvertRowsCpu(x, m, ldx, static_cast<int>(im.k), KvDtype::kBF16,
+                     reinterpret_cast<uint8_t*>(xb.data()), im.k * 2);
       src = xb.data();
       src_ld = im.k;
     }
