@@ -326,42 +326,76 @@ TEST(WriteKvCpuTest, ConversionsMatchReference) {
                             std::numeric_limits<float>::infinity()};
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 10.0f);
-  const int n_kv = 2, D = 64, n = 11;
-  std::vector<float> rows(n * n_kv * D);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    rows[i] = i < std::size(specials) ? specials[i] : nd(rng);
+  const int n_kv = 2, D = 64;
+  // 11 slots stay on one thread; 160 (40960 values) are written in parallel.
+  for (const int n : {11, 160}) {
+    std::vector<float> rows(n * n_kv * D);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      rows[i] = i < std::size(specials) ? specials[i] : nd(rng);
+    }
+    for (IsaLevel isa : Levels()) {
+      SetIsaCap(isa);
+      // Blocks of 4 slots keep K in rows; of 16, the 2-byte types' K in tiles (kv_layout.h).
+      for (const auto& [dt, bt] : std::vector<std::pair<KvDtype, int>>{{KvDtype::kF32, 4},
+                                                                       {KvDtype::kF16, 4},
+                                                                       {KvDtype::kBF16, 4},
+                                                                       {KvDtype::kF16, 16},
+                                                                       {KvDtype::kBF16, 16}}) {
+        PagedKv kv = MakeKv(dt, n_kv, D, bt, n + 3, rng);
+        ASSERT_EQ(kv.ref.k_tiled(D), bt == 16);
+        WriteKvCpu(rows.data(), rows.data(), n, n_kv * D, n_kv, D, kv.ref, 3);
+        std::vector<uint8_t> krow(KvRowBytes(dt, D));
+        for (int t = 0; t < n; ++t) {
+          for (int h = 0; h < n_kv; ++h) {
+            kv.ref.ReadK(3 + t, h, D, krow.data());
+            for (int e = 0; e < D; ++e) {
+              const float x = rows[(t * n_kv + h) * D + e];
+              const uint8_t* pk = krow.data() + e * KvRowBytes(dt, 1);
+              const uint8_t* pv = kv.ref.v_at(3 + t, h, D) + e * KvRowBytes(dt, 1);
+              if (dt == KvDtype::kF32) {
+                ASSERT_EQ(std::memcmp(pk, &x, 4), 0);
+                ASSERT_EQ(std::memcmp(pv, &x, 4), 0);
+                continue;
+              }
+              const uint16_t want = dt == KvDtype::kF16 ? Fp32ToFp16(x) : Fp32ToBf16(x);
+              uint16_t gk, gv;
+              std::memcpy(&gk, pk, 2);
+              std::memcpy(&gv, pv, 2);
+              ASSERT_EQ(gk, want) << IsaName(isa) << " x=" << x << " dt=" << int(dt);
+              ASSERT_EQ(gv, want);
+            }
+          }
+        }
+      }
+    }
   }
+  SetIsaCap(IsaLevel::kAmx);
+}
+
+// ConvertRowsCpu (the bf16 GEMMs' activations): every row, strided on both sides, equal to the
+// scalar conversion, the bytes between rows untouched; small inputs on one thread, large ones
+// (rows x n >= 32768) over the compute threads.
+TEST(ConvertRowsCpuTest, StridedRowsMatchTheScalarConversion) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 4.0f);
   for (IsaLevel isa : Levels()) {
     SetIsaCap(isa);
-    // Blocks of 4 slots keep K in rows; of 16, the 2-byte types' K in tiles (kv_layout.h).
-    for (const auto& [dt, bt] : std::vector<std::pair<KvDtype, int>>{{KvDtype::kF32, 4},
-                                                                     {KvDtype::kF16, 4},
-                                                                     {KvDtype::kBF16, 4},
-                                                                     {KvDtype::kF16, 16},
-                                                                     {KvDtype::kBF16, 16}}) {
-      PagedKv kv = MakeKv(dt, n_kv, D, bt, n + 3, rng);
-      ASSERT_EQ(kv.ref.k_tiled(D), bt == 16);
-      WriteKvCpu(rows.data(), rows.data(), n, n_kv * D, n_kv, D, kv.ref, 3);
-      std::vector<uint8_t> krow(KvRowBytes(dt, D));
-      for (int t = 0; t < n; ++t) {
-        for (int h = 0; h < n_kv; ++h) {
-          kv.ref.ReadK(3 + t, h, D, krow.data());
-          for (int e = 0; e < D; ++e) {
-            const float x = rows[(t * n_kv + h) * D + e];
-            const uint8_t* pk = krow.data() + e * KvRowBytes(dt, 1);
-            const uint8_t* pv = kv.ref.v_at(3 + t, h, D) + e * KvRowBytes(dt, 1);
-            if (dt == KvDtype::kF32) {
-              ASSERT_EQ(std::memcmp(pk, &x, 4), 0);
-              ASSERT_EQ(std::memcmp(pv, &x, 4), 0);
-              continue;
-            }
+    for (const auto& [rows, n] : std::vector<std::pair<int, int>>{{3, 40}, {300, 200}}) {
+      const int src_ld = n + 7, dst_ld = 2 * n + 10;
+      std::vector<float> src(size_t(rows) * src_ld);
+      for (float& x : src) x = nd(rng);
+      for (KvDtype dt : {KvDtype::kBF16, KvDtype::kF16}) {
+        std::vector<uint8_t> dst(size_t(rows) * dst_ld, 0xab);
+        ConvertRowsCpu(src.data(), rows, src_ld, n, dt, dst.data(), dst_ld);
+        for (int r = 0; r < rows; ++r) {
+          for (int e = 0; e < n; ++e) {
+            const float x = src[size_t(r) * src_ld + e];
             const uint16_t want = dt == KvDtype::kF16 ? Fp32ToFp16(x) : Fp32ToBf16(x);
-            uint16_t gk, gv;
-            std::memcpy(&gk, pk, 2);
-            std::memcpy(&gv, pv, 2);
-            ASSERT_EQ(gk, want) << IsaName(isa) << " x=" << x << " dt=" << int(dt);
-            ASSERT_EQ(gv, want);
+            uint16_t got;
+            std::memcpy(&got, dst.data() + size_t(r) * dst_ld + 2 * e, 2);
+            ASSERT_EQ(got, want) << IsaName(isa) << " row " << r << " e " << e << " x=" << x;
           }
+          for (int b = 2 * n; b < dst_ld; ++b) ASSERT_EQ(dst[size_t(r) * dst_ld + b], 0xab);
         }
       }
     }
