@@ -57,13 +57,15 @@ struct Vec {
     *even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(e), 0xd8));
     *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(o), 0xd8));
   }
-  // out[i] = the sum of lanes 2i and 2i + 1 of the 4 accumulators taken as one (16 outputs).
+  // out[i] = the sum of lanes 2i and 2i + 1 of the 2 accumulators taken as one (8 outputs).
+  static void PairSums2(const T* acc, float* out) {
+    const __m256 s = _mm256_hadd_ps(acc[0], acc[1]);  // slots 0 1 4 5 2 3 6 7
+    _mm256_storeu_ps(out, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xd8)));
+  }
+  // The same over 4 accumulators (16 outputs).
   static void PairSums(const T* acc, float* out) {
-    for (int h = 0; h < 2; ++h) {  // hadd gives slots 0 1 4 5 2 3 6 7 of each 8
-      const __m256 s = _mm256_hadd_ps(acc[2 * h], acc[2 * h + 1]);
-      _mm256_storeu_ps(out + 8 * h,
-                       _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), 0xd8)));
-    }
+    PairSums2(acc, out);
+    PairSums2(acc + 2, out + 8);
   }
   // DecodeRows' partial sums: 8 lanes already, nothing to fold.
   using Part = __m256;

@@ -312,12 +312,29 @@ inline typename V::T LoadKv(const uint8_t* p, int c) {
   }
 }
 
-// Output rows per pass for DV vectors per head row: the accumulators fill half the registers.
+constexpr int VecRegisters(int w) { return w == 16 ? 32 : 16; }
+
+// Output rows per pass for DV vectors per head row. With 32 registers the accumulators of a pass
+// fill half of them. With 16 (AVX2), rows sharing a KV head go in one pass, up to 4, and the
+// scores and P V work through the accumulators in chunks (DecodeScoreChunk, DecodePvChunk):
+// one row per pass converted each f16 K and V row once per query head (3 times per KV head on
+// SmolLM2), which made decode attention after 2048 tokens compute-bound at ~half of DRAM speed.
 template <class V, int DV>
 constexpr int DecodeRowsPerPass() {
-  constexpr int regs = V::W == 16 ? 32 : 16;
-  constexpr int rb = regs / 2 / DV;
+  if constexpr (VecRegisters(V::W) == 16) return 4;
+  constexpr int rb = VecRegisters(V::W) / 2 / DV;
   return rb < 1 ? 1 : (rb > 4 ? 4 : rb);
+}
+
+// The most of `total` accumulator registers per row (a divisor of it, which is a power of two)
+// that RB rows can hold with as many operand registers and a broadcast.
+// `operands`: registers of loaded K / V values live at once, per accumulator of a row (1) or in
+// all (0: one at a time).
+template <class V>
+constexpr int DecodeChunk(int total, int rb, int operands) {
+  int c = total;
+  while (c > 1 && rb * c + (operands ? c : 1) + rb > VecRegisters(V::W)) c /= 2;
+  return c;
 }
 
 // Whether DecodeRows<V, DT, DV> takes the bf16 dot path (see above): bf16 KV, an ISA with bf16
@@ -362,26 +379,37 @@ inline void ScoreKTile(const uint8_t* tile, const float* q, float (*s)[kDecodeTi
     for (int r = 0; r < RB; ++r) V::Store(s[r], acc[r]);
   } else {
     constexpr int kNG = 2 * kT / W;  // registers per element pair: W / 2 slots each
-    T acc[RB][kNG];
+    // Registers kG0 .. kG0 + kGC of each pair at a time, so that RB rows' accumulators fit.
+    constexpr int kGC = DecodeChunk<V>(kNG, RB, 1);
+    static_assert(kGC == kNG || kGC == 2);
+    for (int g0 = 0; g0 < kNG; g0 += kGC) {
+      T acc[RB][kGC];
 #pragma GCC unroll 16
-    for (int r = 0; r < RB; ++r)
+      for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 16
-      for (int g = 0; g < kNG; ++g) acc[r][g] = V::Zero();
+        for (int g = 0; g < kGC; ++g) acc[r][g] = V::Zero();
 #pragma GCC unroll 8
-    for (int p = 0; p < D / 2; ++p) {
-      _mm_prefetch(reinterpret_cast<const char*>(v_rows + p * 64), _MM_HINT_T0);
-      T k[kNG];
+      for (int p = 0; p < D / 2; ++p) {
+        if (g0 == 0) _mm_prefetch(reinterpret_cast<const char*>(v_rows + p * 64), _MM_HINT_T0);
+        T k[kGC];
 #pragma GCC unroll 16
-      for (int g = 0; g < kNG; ++g) k[g] = LoadKv<V, DT>(tile + p * kPairBytes, g);
+        for (int g = 0; g < kGC; ++g) k[g] = LoadKv<V, DT>(tile + p * kPairBytes, g0 + g);
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; ++r) {
+          const T qp = V::Bcast64(q + r * D + 2 * p);
+#pragma GCC unroll 16
+          for (int g = 0; g < kGC; ++g) acc[r][g] = V::Fma(qp, k[g], acc[r][g]);
+        }
+      }
 #pragma GCC unroll 16
       for (int r = 0; r < RB; ++r) {
-        const T qp = V::Bcast64(q + r * D + 2 * p);
-#pragma GCC unroll 16
-        for (int g = 0; g < kNG; ++g) acc[r][g] = V::Fma(qp, k[g], acc[r][g]);
+        if constexpr (kGC == kNG) {
+          V::PairSums(acc[r], s[r]);
+        } else {
+          V::PairSums2(acc[r], s[r] + g0 * W / 2);
+        }
       }
     }
-#pragma GCC unroll 16
-    for (int r = 0; r < RB; ++r) V::PairSums(acc[r], s[r]);
   }
 }
 
@@ -481,14 +509,6 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
       const float* qh = q + static_cast<size_t>(hh) * at.head_rows * D;
       const uint8_t* kb = kv.k_base + hh * head_bytes;
       const uint8_t* vb = kv.v_base + hh * head_bytes;
-      T acc[RB][DV];
-#pragma GCC unroll 16
-      for (int r = 0; r < RB; ++r) {
-#pragma GCC unroll 16
-        for (int c = 0; c < DV; ++c) {
-          acc[r][c] = V::Load(acc_state[hh][r] + c * W);
-        }
-      }
       // Scores: per slot and row, DV products summed lane-wise (and folded to V::Part), then W
       // slots reduced at once.
       auto score = [&](int j) {
@@ -572,8 +592,9 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
         if (m_old != kNegInf && m_new != m_old) {
           const T vc = V::Set1(__builtin_expf(m_old - m_new));
           lsum = V::Mul(lsum, vc);
+          float* ar = acc_state[hh][r];
 #pragma GCC unroll 16
-          for (int c = 0; c < DV; ++c) acc[r][c] = V::Mul(acc[r][c], vc);
+          for (int c = 0; c < DV; ++c) V::Store(ar + c * W, V::Mul(V::Load(ar + c * W), vc));
         }
         V::Store(lr[hh][r], V::Add(lsum, sum));
         mr[hh][r] = m_new;
@@ -597,61 +618,70 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
         for (size_t b = 0; b < kRowBytes; b += 64)
           _mm_prefetch(reinterpret_cast<const char*>(next_k + j * kRowBytes + b), _MM_HINT_T0);
       };
-      // O += P V.
-      if constexpr (kDot16) {
-        // P as bf16 pairs (slots j, j + 1 in one 32-bit word); p = 0 past n (see above).
-        alignas(64) uint16_t pb[RB][kT];
+      // O += P V, kC of each row's DV accumulator registers at a time (all of them where they
+      // fit): each chunk walks the tile's slots again, from L1.
+      constexpr int kC = DecodeChunk<V>(DV, RB, 0);
+      static_assert(!kDot16 || kC == DV);
+      for (int c0 = 0; c0 < DV; c0 += kC) {
+        T acc[RB][kC];
 #pragma GCC unroll 16
-        for (int r = 0; r < RB; ++r) {
+        for (int r = 0; r < RB; ++r)
 #pragma GCC unroll 16
-          for (int tv = 0; tv < kTV; ++tv)
-            V::StoreRoundBf16(pb[r] + tv * W, V::Load(s[r] + tv * W));
-        }
-        for (int j = 0; j < n; j += 2) {
-          if (tiled && j < pn) prefetch_row(pf[j] + hh * head_bytes);
-          if (tiled && j + 1 < pn) prefetch_row(pf[j + 1] + hh * head_bytes);
-          prefetch_next_k(j);
-          prefetch_next_k(j + 1);
-          T va[DV / 2], vb2[DV / 2];
-#pragma GCC unroll 16
-          for (int c = 0; c < DV / 2; ++c) {
-            va[c] = V::LoadRaw(vb + off[j] + c * 4 * W);
-            // An odd tile end pairs the last slot with zeros (never a row past the range).
-            vb2[c] = j + 1 < n ? V::LoadRaw(vb + off[j + 1] + c * 4 * W) : V::Zero();
-          }
-          T u[DV];
-#pragma GCC unroll 16
-          for (int c = 0; c < DV / 2; ++c) {
-            u[2 * c] = V::PairLo(va[c], vb2[c]);
-            u[2 * c + 1] = V::PairHi(va[c], vb2[c]);
-          }
+          for (int c = 0; c < kC; ++c) acc[r][c] = V::Load(acc_state[hh][r] + (c0 + c) * W);
+        if constexpr (kDot16) {
+          // P as bf16 pairs (slots j, j + 1 in one 32-bit word); p = 0 past n (see above).
+          alignas(64) uint16_t pb[RB][kT];
 #pragma GCC unroll 16
           for (int r = 0; r < RB; ++r) {
-            const T p = V::Bcast32(pb[r] + j);
 #pragma GCC unroll 16
-            for (int c = 0; c < DV; ++c) acc[r][c] = V::DotBf16(acc[r][c], p, u[c]);
+            for (int tv = 0; tv < kTV; ++tv)
+              V::StoreRoundBf16(pb[r] + tv * W, V::Load(s[r] + tv * W));
+          }
+          for (int j = 0; j < n; j += 2) {
+            if (tiled && j < pn) prefetch_row(pf[j] + hh * head_bytes);
+            if (tiled && j + 1 < pn) prefetch_row(pf[j + 1] + hh * head_bytes);
+            prefetch_next_k(j);
+            prefetch_next_k(j + 1);
+            T va[DV / 2], vb2[DV / 2];
+#pragma GCC unroll 16
+            for (int c = 0; c < DV / 2; ++c) {
+              va[c] = V::LoadRaw(vb + off[j] + c * 4 * W);
+              // An odd tile end pairs the last slot with zeros (never a row past the range).
+              vb2[c] = j + 1 < n ? V::LoadRaw(vb + off[j + 1] + c * 4 * W) : V::Zero();
+            }
+            T u[DV];
+#pragma GCC unroll 16
+            for (int c = 0; c < DV / 2; ++c) {
+              u[2 * c] = V::PairLo(va[c], vb2[c]);
+              u[2 * c + 1] = V::PairHi(va[c], vb2[c]);
+            }
+#pragma GCC unroll 16
+            for (int r = 0; r < RB; ++r) {
+              const T p = V::Bcast32(pb[r] + j);
+#pragma GCC unroll 16
+              for (int c = 0; c < DV; ++c) acc[r][c] = V::DotBf16(acc[r][c], p, u[c]);
+            }
           }
         }
-      }
-      for (int j = 0; !kDot16 && j < n; ++j) {
-        // A tiled K's scores took no per-slot loop: its tile's prefetches go here, spread the
-        // same way (issued at once, most were dropped).
-        if (tiled && j < pn) prefetch_row(pf[j] + hh * head_bytes);
-        prefetch_next_k(j);
-        T vr[DV];
+        for (int j = 0; !kDot16 && j < n; ++j) {
+          // A tiled K's scores took no per-slot loop: its tile's prefetches go here, spread the
+          // same way (issued at once, most were dropped).
+          if (c0 == 0) {
+            if (tiled && j < pn) prefetch_row(pf[j] + hh * head_bytes);
+            prefetch_next_k(j);
+          }
 #pragma GCC unroll 16
-        for (int c = 0; c < DV; ++c) vr[c] = LoadKv<V, DT>(vb + off[j], c);
+          for (int c = 0; c < kC; ++c) {
+            const T vr = LoadKv<V, DT>(vb + off[j], c0 + c);
 #pragma GCC unroll 16
-        for (int r = 0; r < RB; ++r) {
-          const T p = V::Set1(s[r][j]);
-#pragma GCC unroll 16
-          for (int c = 0; c < DV; ++c) acc[r][c] = V::Fma(p, vr[c], acc[r][c]);
+            for (int r = 0; r < RB; ++r) acc[r][c] = V::Fma(V::Set1(s[r][j]), vr, acc[r][c]);
+          }
         }
+#pragma GCC unroll 16
+        for (int r = 0; r < RB; ++r)
+#pragma GCC unroll 16
+          for (int c = 0; c < kC; ++c) V::Store(acc_state[hh][r] + (c0 + c) * W, acc[r][c]);
       }
-#pragma GCC unroll 16
-      for (int r = 0; r < RB; ++r)
-#pragma GCC unroll 16
-        for (int c = 0; c < DV; ++c) V::Store(acc_state[hh][r] + c * W, acc[r][c]);
     }
     t0 = tile_end;
   }
