@@ -127,7 +127,9 @@ TRIPOD_CLONES void SwiGluRow(const float* g, const float* u, int n, float* out) 
     y = y * (r * r) + (r + 1.0f);
     const float pow2 =
         std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(fx) + 127) << 23);
-    out[i] = g[i] / (1.0f + y * pow2) * u[i];
+    // One division: written as g / (1 + e) * u, GCC also divided g by the clamped bounds' e
+    // and blended, and vdivps dominated (Zen 3: 3.8 against 0.9 us a 1536-wide row).
+    out[i] = g[i] * u[i] / (1.0f + y * pow2);
   }
 }
 
