@@ -316,9 +316,9 @@ constexpr int VecRegisters(int w) { return w == 16 ? 32 : 16; }
 
 // Output rows per pass for DV vectors per head row. With 32 registers the accumulators of a pass
 // fill half of them. With 16 (AVX2), rows sharing a KV head go in one pass, up to 4, and the
-// scores and P V work through the accumulators in chunks (DecodeScoreChunk, DecodePvChunk):
-// one row per pass converted each f16 K and V row once per query head (3 times per KV head on
-// SmolLM2), which made decode attention after 2048 tokens compute-bound at ~half of DRAM speed.
+// scores and P V work through the accumulators in chunks (DecodeChunk): one row per pass
+// converted each f16 K and V row once per query head (3 times per KV head on SmolLM2), which
+// made decode attention after 2048 tokens compute-bound at ~half of DRAM speed.
 template <class V, int DV>
 constexpr int DecodeRowsPerPass() {
   if constexpr (VecRegisters(V::W) == 16) return 4;
@@ -326,10 +326,9 @@ constexpr int DecodeRowsPerPass() {
   return rb < 1 ? 1 : (rb > 4 ? 4 : rb);
 }
 
-// The most of `total` accumulator registers per row (a divisor of it, which is a power of two)
-// that RB rows can hold with as many operand registers and a broadcast.
-// `operands`: registers of loaded K / V values live at once, per accumulator of a row (1) or in
-// all (0: one at a time).
+// The most of a row's `total` accumulator registers (halving from total, a power of two) that
+// rb rows can hold at once, besides a broadcast per row and the loaded K / V operands: one per
+// accumulator of a row (operands = 1) or a single one (operands = 0, used as soon as loaded).
 template <class V>
 constexpr int DecodeChunk(int total, int rb, int operands) {
   int c = total;
@@ -379,7 +378,7 @@ inline void ScoreKTile(const uint8_t* tile, const float* q, float (*s)[kDecodeTi
     for (int r = 0; r < RB; ++r) V::Store(s[r], acc[r]);
   } else {
     constexpr int kNG = 2 * kT / W;  // registers per element pair: W / 2 slots each
-    // Registers kG0 .. kG0 + kGC of each pair at a time, so that RB rows' accumulators fit.
+    // Registers g0 .. g0 + kGC of each pair at a time, so that RB rows' accumulators fit.
     constexpr int kGC = DecodeChunk<V>(kNG, RB, 1);
     static_assert(kGC == kNG || kGC == 2);
     for (int g0 = 0; g0 < kNG; g0 += kGC) {
