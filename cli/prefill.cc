@@ -1,9 +1,13 @@
 // `tripod prefill`: one POP prefill of a prompt on a prefill worker's pruned model. Prints one
 // JSON line: the plan, resident weight bytes against the full model's, and the timing; with
 // --kv_out it writes the KV snapshot (K then V, [layer][kv head][slot][head_dim] of the KV
-// element type, float32 under --precision fp32) for the reference tests.
+// element type, float32 under --precision fp32) for the reference tests. With --generate N it
+// then decodes N greedy tokens in process (a DecodeEngine imports the KV snapshot and runs the
+// last prompt token through the full model): the in-process POP path that the disaggregated
+// one is checked against.
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -18,6 +22,7 @@
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
+#include "decode_node/decode_engine.h"
 #include "prefill_node/prefill_engine.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -32,8 +37,42 @@ ABSL_FLAG(std::string, pop_layers, "",
 ABSL_FLAG(bool, pop_stack_kv, true, "prefill: the skipped layers' K/V as one stacked GEMM");
 ABSL_FLAG(bool, compare_full, true, "prefill: also load the full model to report its bytes");
 ABSL_FLAG(std::string, kv_out, "", "prefill: write the KV snapshot (K then V) to this file");
+ABSL_FLAG(int, generate, 0,
+          "prefill: then decode this many greedy tokens from the KV snapshot in process "
+          "(printed as generated_ids)");
 
 namespace tripod {
+namespace {
+
+// Greedy tokens of `prompt` from a DecodeEngine that imports `kv` (tokens 0..n-2) and runs the
+// last prompt token itself, as a decode worker does with a transferred KV.
+absl::StatusOr<std::vector<int32_t>> GenerateFrom(const PrefillOptions& o,
+                                                  const std::vector<int32_t>& prompt,
+                                                  const KvSnapshot& kv, int max_tokens) {
+  DecodeEngineOptions d;
+  d.model_path = o.model_path;
+  d.precision = o.precision;
+  ASSIGN_OR_RETURN(std::unique_ptr<DecodeEngine> engine, DecodeEngine::Create(d));
+  DecodeRequest req;
+  req.prompt = prompt;
+  req.max_tokens = max_tokens;
+  req.sampling.temperature = 0;
+  req.kv = std::make_shared<const KvSnapshot>(kv);
+  std::vector<int32_t> ids;
+  std::string error;
+  req.on_event = [&](const TokenEvent& e) {
+    if (e.token >= 0) ids.push_back(e.token);
+    if (e.finish == FinishReason::kError || e.finish == FinishReason::kCancelled) {
+      error = e.error.empty() ? FinishReasonName(e.finish) : e.error;
+    }
+  };
+  RETURN_IF_ERROR(engine->Submit(std::move(req)).status());
+  RETURN_IF_ERROR(engine->RunUntilIdle());
+  if (!error.empty()) return absl::InternalError(absl::StrCat("prefill --generate: ", error));
+  return ids;
+}
+
+}  // namespace
 
 absl::Status PrefillMain() {
   PrefillOptions o;
@@ -78,6 +117,12 @@ absl::Status PrefillMain() {
             static_cast<std::streamsize>(r.kv.v.size()));
     if (!f) return absl::InternalError(absl::StrCat("prefill: cannot write ", kv_out));
   }
+  std::vector<int32_t> generated;
+  const int n_generate = absl::GetFlag(FLAGS_generate);
+  if (n_generate > 0) {
+    ASSIGN_OR_RETURN(generated, GenerateFrom(o, prompt, r.kv, n_generate));
+  }
+
   const ModelConfig& c = engine->model().config;
   const size_t pop_bytes = engine->resident_weight_bytes();
   std::printf(
@@ -91,6 +136,11 @@ absl::Status PrefillMain() {
   if (full_bytes > 0) {
     std::printf("\"full_model_weight_bytes\":%zu,\"resident_fraction\":%.3f,", full_bytes,
                 static_cast<double>(pop_bytes) / static_cast<double>(full_bytes));
+  }
+  if (n_generate > 0) {
+    std::printf("\"generated_ids\":[");
+    for (size_t i = 0; i < generated.size(); ++i) std::printf(i ? ",%d" : "%d", generated[i]);
+    std::printf("],");
   }
   std::printf(
       "\"kv_bytes\":%zu,\"chunks\":%d,\"forward_s\":%.4f,\"tok_s\":%.1f,\"export_s\":%.4f}\n",

@@ -14,16 +14,17 @@ void Preempt(SchedSeq* s, SchedulerQueues& q, PagedKvCache& cache, StepSchedule&
   s->kv_seq = -1;
   s->n_computed = 0;
   s->kv_len = 0;
+  s->adopted = false;  // no snapshot to re-import: it recomputes from its tokens
   ++s->preemptions;
   q.running.erase(std::find(q.running.begin(), q.running.end(), s));
   q.waiting.push_front(s);
   out.preempted.push_back(s);
 }
 
-// The newest running sequence that is not imported, else the newest.
+// The newest running sequence whose KV is its own (not imported, not adopted), else the newest.
 size_t PickVictim(const std::vector<SchedSeq*>& running) {
   for (size_t j = running.size(); j-- > 0;) {
-    if (running[j]->snapshot == nullptr) return j;
+    if (running[j]->snapshot == nullptr && !running[j]->adopted) return j;
   }
   return running.size() - 1;
 }
@@ -37,8 +38,37 @@ absl::Status TooBig(const SchedSeq& s, int slots, const PagedKvCache& cache) {
 
 // Admits the sequence at the front of the waiting queue with a chunk of at most `budget` tokens.
 // Returns the chunk size, 0 when it does not fit now (it stays waiting), or -1 when it failed.
+// An adopting sequence: its reservation already holds its KV and the last prompt token's room
+// (the watermark was honoured when it was reserved), so it only runs that token.
+int AdmitReserved(SchedSeq* s, SchedulerQueues& q, PagedKvCache& cache, StepSchedule& out) {
+  const int32_t kv = s->reserved_kv;
+  s->reserved_kv = -1;
+  s->n_computed = s->n_prompt - 1;
+  const int n = static_cast<int>(s->tokens.size()) - s->n_computed;
+  const int held = cache.length(kv);
+  if (held != s->reserved_slots || !cache.EnsureCapacity(kv, s->reserved_slots + n)) {
+    cache.FreeSequence(kv);
+    s->n_computed = 0;
+    q.waiting.pop_front();
+    out.failed.emplace_back(
+        s, absl::InternalError(absl::StrCat("request ", s->id, ": its KV reservation holds ", held,
+                                            " slots, not ", s->reserved_slots,
+                                            ", or has no room for the last prompt token")));
+    return -1;
+  }
+  s->kv_seq = kv;
+  s->kv_len = s->reserved_slots;
+  s->adopted = true;
+  q.waiting.pop_front();
+  q.running.push_back(s);
+  out.admitted.push_back(s);
+  out.chunks.push_back({s, n, true});
+  return n;
+}
+
 int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueues& q,
           PagedKvCache& cache, StepSchedule& out) {
+  if (s->reserved_kv >= 0) return AdmitReserved(s, q, cache, out);
   const int32_t kv = cache.NewSequence(config.plan_key);
   int attached = 0;
   int base_slots = 0;  // slots already held before this chunk
@@ -77,6 +107,7 @@ int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueue
   }
   s->kv_seq = kv;
   s->kv_len = base_slots;
+  if (s->preemptions == 0) s->cached_slots = attached;
   out.attached_slots += attached;
   q.waiting.pop_front();
   q.running.push_back(s);
@@ -157,7 +188,9 @@ void CommitStep(const StepSchedule& schedule, PagedKvCache& cache) {
 
 void ReleaseSequence(SchedSeq* s, SchedulerQueues& q, PagedKvCache& cache) {
   if (s->kv_seq >= 0) cache.FreeSequence(s->kv_seq);
+  if (s->reserved_kv >= 0) cache.FreeSequence(s->reserved_kv);
   s->kv_seq = -1;
+  s->reserved_kv = -1;
   if (auto it = std::find(q.running.begin(), q.running.end(), s); it != q.running.end()) {
     q.running.erase(it);
   }

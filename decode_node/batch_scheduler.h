@@ -11,6 +11,12 @@
 // recomputed exactly when trimmed, so they are the last choice of victim; a preempted one keeps
 // its snapshot and is re-imported from it, then recomputes its last prompt token and generated
 // tokens, so preemption changes none of its tokens.
+//
+// Adopting sequences (KV a transfer wrote in place into a reservation, DecodeEngine::ReserveKv)
+// are admitted on the reservation's own cache sequence, which already holds their KV and room for
+// the last prompt token. They too are the last choice of victim; a preempted one has no snapshot
+// to re-import, so it recomputes its prompt and generated tokens with the engine's plan (exact for
+// untrimmed full-plan KV; trimmed or pruned-plan KV is replaced by full KV).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +36,12 @@ struct SchedSeq {
   std::vector<int32_t> tokens;  // prompt, then generated tokens
   int n_prompt = 0;
   const KvSnapshot* snapshot = nullptr;  // imported KV of prompt tokens 0..n-2, if any
+  // A filled reservation (cache sequence holding reserved_slots slots of KV of tokens 0..n-2)
+  // that admission adopts; -1 once adopted, or when there is none.
+  int32_t reserved_kv = -1;
+  int reserved_slots = 0;
+  bool adopted = false;  // running on an adopted reservation's KV (until preempted)
+  int cached_slots = 0;  // prefix-cache slots attached at the first admission
   // While running (kv_seq >= 0):
   int32_t kv_seq = -1;
   int n_computed = 0;  // tokens[0, n_computed) have their K/V in the cache (position count)
@@ -72,7 +84,8 @@ StepSchedule ScheduleStep(const SchedulerConfig& config, SchedulerQueues& queues
 // full blocks to the prefix cache) and advances n_computed / kv_len.
 void CommitStep(const StepSchedule& schedule, PagedKvCache& cache);
 
-// Takes a sequence out of the queues and frees its blocks (finished, cancelled, failed).
+// Takes a sequence out of the queues and frees its blocks (finished, cancelled, failed), an
+// unadopted reservation's included.
 void ReleaseSequence(SchedSeq* seq, SchedulerQueues& queues, PagedKvCache& cache);
 
 }  // namespace tripod

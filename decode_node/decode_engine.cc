@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/profiling_backend.h"
 #include "common/compute/session.h"
@@ -42,6 +43,8 @@ struct DecodeEngine::Sequence {
   StreamingDecoder decoder;
   StopMatcher stop;
   int n_generated = 0;
+  double submitted = 0;   // Now() at Submit
+  double first_run = -1;  // Now() when first scheduled
 };
 
 namespace {
@@ -89,6 +92,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
   e->sched_config_.plan_key = e->plan_.KvKey();
   e->context_ = options.context_tokens > 0 ? std::min(options.context_tokens, c.context_length)
                                            : c.context_length;
+  e->UpdateGauges();
   return e;
 }
 
@@ -104,9 +108,11 @@ DecodeEngine::~DecodeEngine() {
     ev.finish = FinishReason::kCancelled;
     Finish(*seqs_.at(id), std::move(ev));
   }
+  for (const auto& [kv, r] : reservations_) cache_->FreeSequence(kv);
+  reservations_.clear();
 }
 
-absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
+absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
   const ModelConfig& c = model_->config;
   const int n = static_cast<int>(r.prompt.size());
   if (n == 0) return absl::InvalidArgumentError("request: the prompt is empty");
@@ -135,10 +141,29 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
                        " prompt tokens (untrimmed KV must cover exactly tokens 0..n-2)"));
     }
   }
+  if (r.reserved_kv_seq >= 0) {
+    if (r.kv != nullptr) {
+      return absl::InvalidArgumentError("request: both a KV snapshot and a KV reservation");
+    }
+    if (r.reserved_trimmed ? r.reserved_slots < 0 || r.reserved_slots > n - 1
+                           : r.reserved_slots != n - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request: the KV reservation holds ", r.reserved_slots, " slots for ", n - 1,
+                       " prompt tokens (untrimmed KV must cover exactly tokens 0..n-2)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
+  RETURN_IF_ERROR(Validate(r));
+  const ModelConfig& c = model_->config;
+  const int n = static_cast<int>(r.prompt.size());
   auto seq = std::make_unique<Sequence>(std::move(r), *tokenizer_, c.vocab_size);
   seq->sched.tokens = seq->req.prompt;
   seq->sched.n_prompt = n;
   seq->sched.snapshot = seq->req.kv.get();
+  seq->submitted = Now();
   absl::MutexLock lock(&mu_);
   const int64_t id = next_id_++;
   seq->sched.id = id;
@@ -167,10 +192,127 @@ DecodeEngine::KvUsage DecodeEngine::kv_usage() const {
 
 DecodeEngineStats DecodeEngine::stats() const {
   absl::MutexLock lock(&mu_);
-  return stats_;
+  DecodeEngineStats st = stats_;
+  st.waiting += static_cast<int>(incoming_.size());
+  return st;
+}
+
+void DecodeEngine::UpdateGauges() {
+  absl::MutexLock lock(&mu_);
+  stats_.waiting = static_cast<int>(queues_.waiting.size());
+  stats_.running = static_cast<int>(queues_.running.size());
+  stats_.reservations = static_cast<int>(reservations_.size());
+  stats_.free_blocks = cache_->num_free_blocks();
+  stats_.total_blocks = cache_->num_blocks();
+}
+
+bool DecodeEngine::Post(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  if (!loop_running_) return false;
+  tasks_.push_back(std::move(task));
+  cv_.Signal();
+  return true;
+}
+
+void DecodeEngine::RunTasks() {
+  std::deque<std::function<void()>> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    tasks.swap(tasks_);
+  }
+  for (auto& t : tasks) t();
+  if (!tasks.empty()) UpdateGauges();
+}
+
+absl::StatusOr<KvReservation> DecodeEngine::ReserveKv(int n_slots, uint64_t plan_key) {
+  absl::StatusOr<KvReservation> result;
+  absl::Notification done;
+  auto task = [&] {
+    result = ReserveOnEngine(n_slots, plan_key);
+    done.Notify();
+  };
+  if (!Post(task)) {
+    task();
+    UpdateGauges();
+  }
+  done.WaitForNotification();
+  return result;
+}
+
+absl::StatusOr<KvReservation> DecodeEngine::ReserveOnEngine(int n_slots, uint64_t plan_key) {
+  PagedKvCache& c = *cache_;
+  const int room = n_slots + 1;  // the last prompt token runs in the reservation's blocks
+  if (n_slots < 0 || room >= context_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV reservation: ", n_slots, " slots; the context holds ", context_));
+  }
+  const int need = c.BlocksFor(room);
+  if (need > c.num_blocks() - c.watermark_blocks()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV reservation: ", n_slots, " slots need ", need, " blocks of ",
+                     c.block_tokens(), " tokens; the cache has ", c.num_blocks(), " (watermark ",
+                     c.watermark_blocks(), "): it can never fit, raise the KV budget"));
+  }
+  if (!c.CanAdmit(room)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV reservation: ", n_slots, " slots need ", need, " blocks; ", c.num_free_blocks(), " of ",
+        c.num_blocks(), " are free and ", c.watermark_blocks(),
+        " are kept free (watermark): the worker is full for now"));
+  }
+  const int32_t kv = c.NewSequence(sched_config_.plan_key);
+  if (!c.EnsureCapacity(kv, room)) {
+    c.FreeSequence(kv);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV reservation: could not allocate ", need, " blocks"));
+  }
+  reservations_[kv] = Reserved{n_slots, plan_key};
+  KvReservation r;
+  r.kv_seq = kv;
+  r.n_slots = n_slots;
+  r.blocks = need;
+  r.store = c.WriteView(kv);
+  return r;
+}
+
+void DecodeEngine::ReleaseKv(int32_t kv_seq) {
+  absl::Notification done;
+  auto task = [&] {
+    if (reservations_.erase(kv_seq) > 0) cache_->FreeSequence(kv_seq);
+    done.Notify();
+  };
+  if (!Post(task)) {
+    task();
+    UpdateGauges();
+  }
+  done.WaitForNotification();
+}
+
+absl::Status DecodeEngine::Adopt(Sequence& s) {
+  const int32_t kv = s.req.reserved_kv_seq;
+  auto it = reservations_.find(kv);
+  if (it == reservations_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request: KV reservation ", kv, " is unknown (released, expired or already adopted)"));
+  }
+  const Reserved r = it->second;
+  reservations_.erase(it);
+  // From here the sequence owns the blocks: ReleaseSequence frees them whatever happens.
+  s.sched.reserved_kv = kv;
+  s.sched.reserved_slots = s.req.reserved_slots;
+  if (r.n_slots != s.req.reserved_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("request: KV reservation ", kv, " holds ",
+                                                   r.n_slots, " slots, the request says ",
+                                                   s.req.reserved_slots));
+  }
+  std::span<const int32_t> tokens;
+  if (!s.req.reserved_trimmed) {
+    tokens = std::span<const int32_t>(s.req.prompt).first(s.req.prompt.size() - 1);
+  }
+  return cache_->FinishExternalFill(kv, r.n_slots, tokens, r.plan_key);
 }
 
 void DecodeEngine::Intake() {
+  RunTasks();
   std::deque<std::unique_ptr<Sequence>> in;
   absl::flat_hash_set<int64_t> cancels;
   {
@@ -182,7 +324,19 @@ void DecodeEngine::Intake() {
   for (auto& s : in) {
     queues_.waiting.push_back(&s->sched);
     const int64_t id = s->sched.id;
+    Sequence& seq = *s;
     seqs_[id] = std::move(s);
+    if (seq.req.reserved_kv_seq >= 0) {
+      if (absl::Status st = Adopt(seq); !st.ok()) {
+        TokenEvent ev;
+        ev.finish = FinishReason::kError;
+        ev.error = st.ToString();
+        Finish(seq, std::move(ev));
+        continue;
+      }
+      absl::MutexLock lock(&mu_);
+      ++stats_.adopted;
+    }
   }
   std::vector<int64_t> ids(cancels.begin(), cancels.end());
   std::sort(ids.begin(), ids.end());
@@ -200,12 +354,18 @@ void DecodeEngine::Finish(Sequence& s, TokenEvent ev) {
   ReleaseSequence(&s.sched, queues_, *cache_);
   ev.request_id = id;
   if (ev.token < 0) ev.index = s.n_generated;
+  ev.cached_tokens = s.sched.cached_slots;
+  ev.queue_seconds = s.first_run < 0 ? -1 : s.first_run - s.submitted;
   TokenCallback cb = std::move(s.req.on_event);
   seqs_.erase(id);  // s is gone
   {
     absl::MutexLock lock(&mu_);
     --active_;
     ++stats_.finished;
+    // Before the last event goes out, so that whoever sees it sees the blocks free too.
+    stats_.waiting = static_cast<int>(queues_.waiting.size());
+    stats_.running = static_cast<int>(queues_.running.size());
+    stats_.free_blocks = cache_->num_free_blocks();
   }
   if (cb) cb(ev);
 }
@@ -255,7 +415,11 @@ absl::Status DecodeEngine::Step() {
     Finish(*seqs_.at(seq->id), std::move(ev));
   }
   int n_imported = 0;
-  for (const SchedSeq* s : sched.admitted) n_imported += s->snapshot != nullptr;
+  for (const SchedSeq* s : sched.admitted) {
+    n_imported += s->snapshot != nullptr;
+    Sequence& seq = *seqs_.at(s->id);
+    if (seq.first_run < 0) seq.first_run = t0;
+  }
 
   StepBatch batch;
   for (const ScheduledChunk& c : sched.chunks) {
@@ -308,6 +472,11 @@ absl::Status DecodeEngine::Step() {
   stats_.max_batch_seqs = std::max(stats_.max_batch_seqs, static_cast<int>(sched.chunks.size()));
   stats_.forward_seconds += forward_s;
   stats_.step_seconds += Now() - t0;
+  stats_.waiting = static_cast<int>(queues_.waiting.size());
+  stats_.running = static_cast<int>(queues_.running.size());
+  stats_.reservations = static_cast<int>(reservations_.size());
+  stats_.free_blocks = cache_->num_free_blocks();
+  stats_.total_blocks = cache_->num_blocks();
   return status;
 }
 
@@ -327,7 +496,9 @@ void DecodeEngine::Loop() {
   while (true) {
     {
       absl::MutexLock lock(&mu_);
-      while (!stop_ && incoming_.empty() && cancels_.empty() && active_ == 0) cv_.Wait(&mu_);
+      while (!stop_ && incoming_.empty() && cancels_.empty() && tasks_.empty() && active_ == 0) {
+        cv_.Wait(&mu_);
+      }
       if (stop_) return;
     }
     absl::Status s = Step();
@@ -340,6 +511,7 @@ void DecodeEngine::Start() {
   {
     absl::MutexLock lock(&mu_);
     stop_ = false;
+    loop_running_ = true;
   }
   loop_ = std::thread([this] { Loop(); });
 }
@@ -351,6 +523,12 @@ void DecodeEngine::Stop() {
     cv_.Signal();
   }
   if (loop_.joinable()) loop_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    loop_running_ = false;
+  }
+  // Tasks posted while the loop was stopping: this thread owns the engine now.
+  RunTasks();
 }
 
 }  // namespace tripod

@@ -7,10 +7,17 @@
 //
 // With precision "fp32" the backend runs batch-invariant kernels, so a sequence's greedy tokens
 // are the same whatever it is batched with, however its prompt is chunked, and after preemption.
+//
+// KV from a prefill worker arrives either as a KvSnapshot (DecodeRequest::kv, copied in at
+// admission) or in place: ReserveKv sets blocks aside and hands out a view of them, another
+// thread (the transfer) writes the KV through it, and a request naming the reservation adopts
+// those blocks as they are. The cache stays single-threaded: reservations and releases are tasks
+// that the engine's thread runs at a step boundary.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -59,9 +66,27 @@ struct DecodeEngineStats {
   int64_t prefix_hit_slots = 0;  // slots attached from the prefix cache
   int64_t imported = 0;          // sequences admitted by Import (re-imports included)
   int64_t finished = 0;          // requests ended, any reason
+  int64_t adopted = 0;           // requests that adopted a reservation's KV
   int max_batch_seqs = 0;        // most sequences in one step
   double forward_seconds = 0;    // time in Forward
   double step_seconds = 0;       // time in Step (schedule + forward + sampling + callbacks)
+  // Now (as of the last step or engine task; waiting also counts submissions not taken in yet):
+  int waiting = 0;
+  int running = 0;
+  int reservations = 0;  // reservations not adopted nor released
+  int free_blocks = 0;   // free or evictable
+  int total_blocks = 0;
+};
+
+// Blocks set aside for KV that arrives from elsewhere (DecodeEngine::ReserveKv).
+struct KvReservation {
+  int32_t kv_seq = -1;  // the cache sequence; DecodeRequest::reserved_kv_seq adopts it
+  int n_slots = 0;      // slots the transfer fills
+  int blocks = 0;       // blocks held (room for n_slots + the last prompt token)
+  // Writes slots [0, n_slots) of kv_seq from any thread: a copy of the block table, so the
+  // writer never touches the cache. Valid until the reservation is released or adopted, and
+  // while the engine lives.
+  std::unique_ptr<KvStore> store;
 };
 
 class DecodeEngine {
@@ -74,9 +99,24 @@ class DecodeEngine {
   // Queues a request; its events go to request.on_event. Bad input is an error here, before
   // anything streams. Thread-safe.
   absl::StatusOr<int64_t> Submit(DecodeRequest request);
+  // Submit's checks alone (INVALID_ARGUMENT saying what is wrong). Thread-safe.
+  absl::Status Validate(const DecodeRequest& request) const;
   // Ends a request at the next step boundary: blocks freed, a kCancelled event. Unknown or
   // finished ids are ignored. Thread-safe.
   void Cancel(int64_t id);
+
+  // Sets blocks aside for n_slots slots of KV that the plan with KvKey() == plan_key computes
+  // elsewhere, plus the last prompt token. Runs on the engine's thread (at the next step
+  // boundary; inline when no loop runs, so then call it from the thread that steps), and waits
+  // for it. RESOURCE_EXHAUSTED when the blocks would cut into the watermark (the message says
+  // whether it can ever fit). Thread-safe, but not from an on_event callback (it would wait for
+  // its own thread).
+  absl::StatusOr<KvReservation> ReserveKv(int n_slots, uint64_t plan_key);
+  // Frees a reservation that no request adopted (at the next step boundary, and waits for it;
+  // inline without a loop), so that the blocks are free when it returns. Adopted or unknown ones
+  // are ignored. The caller must be done writing through its view. Thread-safe, but not from an
+  // on_event callback.
+  void ReleaseKv(int32_t kv_seq);
 
   // One scheduling step and forward (engine thread only). Errors are internal failures (the
   // affected requests got error events).
@@ -107,8 +147,19 @@ class DecodeEngine {
  private:
   struct Sequence;
   DecodeEngine() = default;
-  // Moves submitted requests in and applies cancellations (engine thread).
+  struct Reserved {
+    int n_slots = 0;
+    uint64_t plan_key = 0;  // of the plan that fills it
+  };
+  // Moves submitted requests in, runs posted tasks and applies cancellations (engine thread).
   void Intake();
+  // Queues a task for the loop; false (nothing queued) when no loop runs.
+  bool Post(std::function<void()> task);
+  void RunTasks();
+  absl::StatusOr<KvReservation> ReserveOnEngine(int n_slots, uint64_t plan_key);
+  // Hands a reservation to its adopting sequence (Intake).
+  absl::Status Adopt(Sequence& s);
+  void UpdateGauges();  // the "now" fields of stats_
   // Ends a sequence: event, blocks freed, forgotten.
   void Finish(Sequence& s, TokenEvent event);
   // Streams a sequence's sampled token (and ends the sequence where it stops).
@@ -134,12 +185,15 @@ class DecodeEngine {
     SampledToken token;
   };
   std::vector<SampledSeq> sampling_;  // Step's scratch: the sequences sampled this step
+  absl::flat_hash_map<int32_t, Reserved> reservations_;  // by kv_seq, until adopted or released
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> cancels_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool loop_running_ ABSL_GUARDED_BY(mu_) = false;
   int64_t active_ ABSL_GUARDED_BY(mu_) = 0;  // sequences the engine thread holds
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   DecodeEngineStats stats_ ABSL_GUARDED_BY(mu_);

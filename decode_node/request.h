@@ -35,6 +35,9 @@ struct TokenEvent {
   std::vector<TokenLogprob> top_logprobs;  // SamplingParams::top_logprobs entries
   FinishReason finish = FinishReason::kNone;
   std::string error;  // kError only
+  // On the last event only:
+  int cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
+  double queue_seconds = -1;  // Submit -> the sequence first ran (-1: it never ran)
 };
 
 // Called on the engine's thread; must not block for long, and must not call back into the
@@ -52,7 +55,15 @@ struct DecodeRequest {
   // position n-1, through the full model. Kept until the request ends: a preempted imported
   // sequence is re-imported from it, so its KV never has to be recomputed.
   std::shared_ptr<const KvSnapshot> kv;
-  TokenCallback on_event;  // may be empty
+  // Or KV of prompt tokens 0..n-2 already written in place into a reservation
+  // (DecodeEngine::ReserveKv; a KV transfer filled its blocks): the request adopts those blocks,
+  // no copy. reserved_slots must be the reservation's slots (n-1 unless trimmed). A preempted
+  // adopting sequence has no snapshot to re-import: it recomputes its prompt with the engine's
+  // own (full) plan, which for trimmed or pruned-plan KV may change its later tokens.
+  int32_t reserved_kv_seq = -1;
+  int reserved_slots = 0;
+  bool reserved_trimmed = false;  // the slots are kept positions (SpecKV), not tokens 0..n-2
+  TokenCallback on_event;         // may be empty
 };
 
 }  // namespace tripod

@@ -64,40 +64,86 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
   return e;
 }
 
-absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& prompt) {
+absl::Status CheckPrompt(const ModelConfig& c, const std::vector<int32_t>& prompt) {
   if (prompt.empty()) return absl::InvalidArgumentError("prefill: empty prompt");
-  const ModelConfig& c = model_->config;
-  const int n = static_cast<int>(prompt.size());
-  if (n > c.context_length) {
-    return absl::OutOfRangeError(absl::StrCat(
-        "prefill: prompt of ", n, " tokens exceeds the context length ", c.context_length));
+  if (static_cast<int64_t>(prompt.size()) > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill: prompt of ", prompt.size(),
+                                                   " tokens exceeds the context length ",
+                                                   c.context_length));
   }
-  for (int32_t t : prompt) {
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const int32_t t = prompt[i];
     if (t < 0 || t >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prefill: token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat("prefill: token id ", t, " at position ", i,
+                                                     " is outside the vocabulary [0, ",
+                                                     c.vocab_size, ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ForwardPlan> PrefillEngine::PlanFor(const std::optional<PopConfig>& pop) const {
+  if (!pop.has_value()) return plan_;
+  const int L = model_->config.n_layers;
+  ASSIGN_OR_RETURN(std::vector<int> skipped, SkippedLayers(*pop, L));
+  ForwardPlan p = ForwardPlan::PopPrefill(L, skipped);
+  if (full_weights() || p.KvKey() == plan_.KvKey()) return p;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "prefill: the request's plan ", p.DebugString(), " (", DescribeSkipped(skipped, L),
+      ") differs from this worker's ", plan_.DebugString(), " (", DescribeSkipped(skipped_, L),
+      "), whose pruned load lacks the weights; only a worker that loaded the full model "
+      "(POP ratio 0) runs any plan"));
+}
+
+absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& prompt,
+                                                 const PrefillRun& run) {
+  RETURN_IF_ERROR(CheckPrompt(model_->config, prompt));
+  const ForwardPlan& plan = run.plan != nullptr ? *run.plan : plan_;
+  auto cancelled = [&run] {
+    return run.cancel != nullptr && run.cancel->load(std::memory_order_relaxed);
+  };
+  if (cancelled()) return absl::CancelledError("prefill: cancelled before it started");
+  const ModelConfig& c = model_->config;
+  const int n = static_cast<int>(prompt.size());
   const int m = n - 1;  // tokens prefilled here; the last one is the decode side's
   KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv_dtype_};
   ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
                    ContiguousKvCache::Create(layout, 1, std::max(m, 1)));
   PrefillResult r;
+  r.prefilled_tokens = m;
+  r.plan_key = plan.KvKey();
+  r.last_token = prompt.back();
+  r.last_position = m;
   const auto t0 = Clock::now();
   for (int begin = 0; begin < m; begin += options_.chunk) {
     const int len = std::min(options_.chunk, m - begin);
     StepBatch batch;
     batch.AddSequence(0, prompt.data() + begin, len, begin, begin, /*logits_for_last=*/false);
-    RETURN_IF_ERROR(Forward(*model_, *backend_, plan_, batch, *cache, *ws_, nullptr));
+    // Only a run with a sink or a cancel flag pays for the per-layer call.
+    KvLayersDone on_kv;
+    if (run.sink || run.cancel != nullptr) {
+      on_kv = [&](int layer_begin, int layer_end) -> absl::Status {
+        if (cancelled()) {
+          return absl::CancelledError(absl::StrCat("prefill: cancelled at layer ", layer_begin,
+                                                   " of prompt tokens [", begin, ", ", begin + len,
+                                                   ")"));
+        }
+        if (!run.sink) return absl::OkStatus();
+        const auto s0 = Clock::now();
+        absl::Status s = run.sink(*cache, 0, KvRange{layer_begin, layer_end, begin, begin + len});
+        r.sink_s += Seconds(s0, Clock::now());
+        return s;
+      };
+    }
+    RETURN_IF_ERROR(Forward(*model_, *backend_, plan, batch, *cache, *ws_, nullptr, on_kv));
     ++r.chunks;
   }
   const auto t1 = Clock::now();
+  r.forward_s = Seconds(t0, t1);
+  if (run.sink) return r;
   ASSIGN_OR_RETURN(r.kv, ExportSnapshot(*cache, 0, m));
   r.kv.token_ids.assign(prompt.begin(), prompt.begin() + m);
-  r.kv.plan_key = plan_.KvKey();
-  r.last_token = prompt.back();
-  r.last_position = m;
-  r.forward_s = Seconds(t0, t1);
+  r.kv.plan_key = r.plan_key;
   r.export_s = Seconds(t1, Clock::now());
   return r;
 }

@@ -3,19 +3,31 @@
 // output head) and computes the KV of prompt tokens 0..n-2 for every layer. The last prompt
 // token is not prefilled (the boundary rule): whoever decodes runs it through the full model
 // first, at position n-1, and its logits give the first output token.
+//
+// The KV leaves either as one snapshot after the whole prefill (Run without a sink: the CLI, the
+// in-process path), or layer by layer through a KvSink while the forward goes on (the prefill
+// worker streams it to a decode worker). A cancel flag stops a run between layers.
+//
+// Threads: Create, then Run on ONE thread at a time (the engine thread: it owns the workspace
+// and opens the OpenMP team). Everything else here is fixed at Create and may be read from any
+// thread: plan(), PlanFor(), skipped_layers(), model() (its config), kv_dtype().
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/compute/backend.h"
 #include "common/compute/forward.h"
 #include "common/compute/model.h"
 #include "common/compute/plan.h"
 #include "common/kv/kv_snapshot.h"
+#include "prefill_node/kv_sink.h"
 #include "prefill_node/pop_config.h"
 
 namespace tripod {
@@ -28,11 +40,21 @@ struct PrefillOptions {
   bool stack_kv = true;  // the skipped layers' K/V as one GEMM (false: one per layer)
 };
 
+struct PrefillRun {
+  const ForwardPlan* plan = nullptr;  // null: the engine's own; else one from PlanFor()
+  KvSink sink;                        // set: the KV goes here, and no snapshot is made
+  // Set (by any thread): the run stops at the next layer boundary with CANCELLED.
+  const std::atomic<bool>* cancel = nullptr;
+};
+
 struct PrefillResult {
-  KvSnapshot kv;  // tokens 0..n-2, all layers; plan_key and token_ids filled
+  KvSnapshot kv;  // without a sink: tokens 0..n-2, all layers; plan_key and token_ids filled
+  int prefilled_tokens = 0;  // n - 1
+  uint64_t plan_key = 0;     // KvKey() of the plan that ran
   int32_t last_token = 0;
   int32_t last_position = 0;  // n - 1
-  double forward_s = 0;       // the forward passes
+  double forward_s = 0;       // the forward passes (with the sink's calls)
+  double sink_s = 0;          // of which in the sink (encoding, and waiting for the network)
   double export_s = 0;        // copying the KV out of the cache into the snapshot
   int chunks = 0;
 };
@@ -41,12 +63,21 @@ class PrefillEngine {
  public:
   static absl::StatusOr<std::unique_ptr<PrefillEngine>> Create(const PrefillOptions& options);
 
-  // Prefills prompt[0..n-2]; n >= 1 (a one-token prompt gives an empty snapshot).
-  absl::StatusOr<PrefillResult> Run(const std::vector<int32_t>& prompt);
+  // Prefills prompt[0..n-2]; n >= 1 (a one-token prompt prefills nothing: an empty snapshot, no
+  // sink call). Engine thread only.
+  absl::StatusOr<PrefillResult> Run(const std::vector<int32_t>& prompt, const PrefillRun& run = {});
+
+  // The plan for a request's POP config (nullopt: this worker's own). A worker that loaded the
+  // full weights (no layer skipped at load) runs any legal plan, its K/V-only layers through the
+  // full Q|K|V weights; a pruned worker runs only a plan that writes the same KV as its own
+  // (equal KvKey): FAILED_PRECONDITION naming both otherwise. Thread-safe.
+  absl::StatusOr<ForwardPlan> PlanFor(const std::optional<PopConfig>& pop) const;
+  bool full_weights() const { return skipped_.empty(); }
 
   const ForwardPlan& plan() const { return plan_; }
   const std::vector<int>& skipped_layers() const { return skipped_; }
   const LoadedModel& model() const { return *model_; }
+  const PrefillOptions& options() const { return options_; }
   Backend& backend() { return *backend_; }
   KvDtype kv_dtype() const { return kv_dtype_; }
   size_t resident_weight_bytes() const { return model_->resident_weight_bytes(); }
@@ -61,6 +92,10 @@ class PrefillEngine {
   std::vector<int> skipped_;
   KvDtype kv_dtype_ = KvDtype::kF32;
 };
+
+// OK when `prompt` can be prefilled on a model of `config`: not empty, every id in the
+// vocabulary, no longer than the context; INVALID_ARGUMENT saying which otherwise.
+absl::Status CheckPrompt(const ModelConfig& config, const std::vector<int32_t>& prompt);
 
 // The weight selection a POP prefill worker loads for `skipped` layers of an n_layers model.
 WeightSelection PrefillSelection(int n_layers, const std::vector<int>& skipped);

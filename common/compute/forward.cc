@@ -102,7 +102,7 @@ float* ForwardWorkspace::Get(int slot, size_t floats) {
 
 absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPlan& plan,
                      const StepBatch& batch, KvStore& kv, ForwardWorkspace& ws,
-                     std::vector<float>* logits) {
+                     std::vector<float>* logits, const KvLayersDone& on_kv) {
   if (absl::Status s = CheckBatch(model, plan, batch, kv); !s.ok()) return s;
   const ModelConfig& c = model.config;
   const int T = batch.n_tokens();
@@ -145,6 +145,20 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
         float* out = ws.Get(kKvStack, size_t{1} * rows * model.kv_stack.width(c));
         RunKvStack(model, backend, plan, batch, h, angles, kv, xn, out);
         kv_stack_done = true;
+        if (on_kv) {
+          // The stack's K/V-only layers (all of them, unless the plan skips some) as ranges.
+          const KvStack& st = model.kv_stack;
+          for (int a = st.begin; a < st.end;) {
+            if (plan.layers[a] != LayerMode::kKvOnly) {
+              ++a;
+              continue;
+            }
+            int b = a + 1;
+            while (b < st.end && plan.layers[b] == LayerMode::kKvOnly) ++b;
+            if (absl::Status s = on_kv(a, b); !s.ok()) return s;
+            a = b;
+          }
+        }
       }
       continue;
     }
@@ -180,6 +194,9 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
       const int64_t r = s.token_begin;
       backend.WriteKv(k + r * qkv_w, v + r * qkv_w, s.n_tokens, qkv_w, c.n_kv_heads, hd,
                       kv.Layer(s.kv_seq, l), s.n_past);
+    }
+    if (on_kv) {
+      if (absl::Status s = on_kv(l, l + 1); !s.ok()) return s;
     }
     if (mode == LayerMode::kKvOnly) continue;
 

@@ -2,6 +2,7 @@
 // layer modes. Every node (prefill, draft, decode, the CLI) runs models through Forward.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,10 +30,19 @@ class ForwardWorkspace {
   std::vector<std::pair<float*, size_t>> buffers_;
 };
 
+// Told, on the calling thread, that layers [layer_begin, layer_end) of every sequence in the batch
+// have their K/V in the store: each layer that writes K/V (kFull, kKvOnly) once, as the forward
+// reaches it, and the stacked K/V-only layers once, as one range, after RunKvStack wrote them all.
+// The store's K/V of these layers is final for this batch, so a prefill worker can send it while
+// the forward goes on (layer-wise transfer). A non-OK status stops the forward, which returns it
+// (a cancel between layers).
+using KvLayersDone = std::function<absl::Status(int layer_begin, int layer_end)>;
+
 // Runs `batch` through `model` under `plan`, writing K/V into `kv` and, when the plan has the
 // output head, the logits of batch.logit_rows into `logits` ([rows, vocab], host memory).
+// `on_kv` (may be empty) hears of each layer's K/V as above.
 absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPlan& plan,
                      const StepBatch& batch, KvStore& kv, ForwardWorkspace& ws,
-                     std::vector<float>* logits);
+                     std::vector<float>* logits, const KvLayersDone& on_kv = {});
 
 }  // namespace tripod

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/quant_types.h"
@@ -65,6 +66,79 @@ absl::Status ValidateKvLayout(const KvLayout& l) {
                      "; this model's is ", l.head_dim));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// Per-element access for the unblocked types (kQ8_0 rows go through its row codec).
+float LoadElement(const uint8_t* p, KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32: {
+      float f;
+      std::memcpy(&f, p, 4);
+      return f;
+    }
+    case KvDtype::kF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return Fp16ToFp32(h);
+    }
+    case KvDtype::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, 2);
+      return Bf16ToFp32(h);
+    }
+    case KvDtype::kQ8_0:
+      break;
+  }
+  return 0;
+}
+
+void StoreElement(float f, uint8_t* p, KvDtype t) {
+  switch (t) {
+    case KvDtype::kF32:
+      std::memcpy(p, &f, 4);
+      return;
+    case KvDtype::kF16: {
+      const uint16_t h = Fp32ToFp16(f);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case KvDtype::kBF16: {
+      const uint16_t h = Fp32ToBf16(f);
+      std::memcpy(p, &h, 2);
+      return;
+    }
+    case KvDtype::kQ8_0:
+      return;
+  }
+}
+
+}  // namespace
+
+void ConvertKvRow(const uint8_t* src, KvDtype st, uint8_t* dst, KvDtype dt, int head_dim) {
+  if (st == dt) {
+    std::memcpy(dst, src, KvRowBytes(st, head_dim));
+    return;
+  }
+  if (st == KvDtype::kQ8_0 || dt == KvDtype::kQ8_0) {
+    // Through fp32; an import converts every row of every layer, so no allocation per row.
+    thread_local std::vector<float> row;
+    row.resize(head_dim);
+    if (st == KvDtype::kQ8_0) {
+      DequantizeKvQ8Row(src, head_dim, row.data());
+    } else {
+      ConvertKvRow(src, st, reinterpret_cast<uint8_t*>(row.data()), KvDtype::kF32, head_dim);
+    }
+    if (dt == KvDtype::kQ8_0) {
+      QuantizeKvQ8Row(row.data(), head_dim, dst);
+    } else {
+      ConvertKvRow(reinterpret_cast<const uint8_t*>(row.data()), KvDtype::kF32, dst, dt, head_dim);
+    }
+    return;
+  }
+  const size_t sb = KvRowBytes(st, 1), db = KvRowBytes(dt, 1);
+  for (int i = 0; i < head_dim; ++i) StoreElement(LoadElement(src + i * sb, st), dst + i * db, dt);
 }
 
 }  // namespace tripod

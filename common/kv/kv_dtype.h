@@ -20,6 +20,10 @@ void QuantizeKvQ8Row(const float* x, int n, uint8_t* dst);
 // The inverse: x = d * q.
 void DequantizeKvQ8Row(const uint8_t* src, int n, float* x);
 
+// Converts one row of n elements between element types (a plain copy when they agree; kQ8_0
+// through fp32, so n must then be a multiple of kKvQ8Block).
+void ConvertKvRow(const uint8_t* src, KvDtype src_type, uint8_t* dst, KvDtype dst_type, int n);
+
 // "f32", "f16", "bf16" or "q8_0"; "auto" (or empty) is `auto_type`, the precision's default.
 absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name, KvDtype auto_type);
 

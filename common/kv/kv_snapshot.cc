@@ -9,79 +9,6 @@
 #include "common/model/quant_types.h"
 
 namespace tripod {
-namespace {
-
-// Per-element access for the unblocked types (kQ8_0 rows go through its row codec).
-float LoadElement(const uint8_t* p, KvDtype t) {
-  switch (t) {
-    case KvDtype::kF32: {
-      float f;
-      std::memcpy(&f, p, 4);
-      return f;
-    }
-    case KvDtype::kF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return Fp16ToFp32(h);
-    }
-    case KvDtype::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, p, 2);
-      return Bf16ToFp32(h);
-    }
-    case KvDtype::kQ8_0:
-      break;
-  }
-  return 0;
-}
-
-void StoreElement(float f, uint8_t* p, KvDtype t) {
-  switch (t) {
-    case KvDtype::kF32:
-      std::memcpy(p, &f, 4);
-      return;
-    case KvDtype::kF16: {
-      const uint16_t h = Fp32ToFp16(f);
-      std::memcpy(p, &h, 2);
-      return;
-    }
-    case KvDtype::kBF16: {
-      const uint16_t h = Fp32ToBf16(f);
-      std::memcpy(p, &h, 2);
-      return;
-    }
-    case KvDtype::kQ8_0:
-      return;
-  }
-}
-
-// Copies one head_dim row between element types (a plain copy when they agree).
-void CopyRow(const uint8_t* src, KvDtype st, uint8_t* dst, KvDtype dt, int head_dim) {
-  if (st == dt) {
-    std::memcpy(dst, src, KvRowBytes(st, head_dim));
-    return;
-  }
-  if (st == KvDtype::kQ8_0 || dt == KvDtype::kQ8_0) {
-    // Through fp32; an import converts every row of every layer, so no allocation per row.
-    thread_local std::vector<float> row;
-    row.resize(head_dim);
-    if (st == KvDtype::kQ8_0) {
-      DequantizeKvQ8Row(src, head_dim, row.data());
-    } else {
-      CopyRow(src, st, reinterpret_cast<uint8_t*>(row.data()), KvDtype::kF32, head_dim);
-    }
-    if (dt == KvDtype::kQ8_0) {
-      QuantizeKvQ8Row(row.data(), head_dim, dst);
-    } else {
-      CopyRow(reinterpret_cast<const uint8_t*>(row.data()), KvDtype::kF32, dst, dt, head_dim);
-    }
-    return;
-  }
-  const size_t sb = KvRowBytes(st, 1), db = KvRowBytes(dt, 1);
-  for (int i = 0; i < head_dim; ++i) StoreElement(LoadElement(src + i * sb, st), dst + i * db, dt);
-}
-
-}  // namespace
 
 absl::Status ValidateSnapshot(const KvSnapshot& s, int32_t max_position) {
   const KvLayout& l = s.layout;
@@ -165,10 +92,11 @@ absl::Status WriteSnapshot(const KvSnapshot& s, KvStore& store, int32_t kv_seq) 
     std::vector<uint8_t> row(KvRowBytes(dst.dtype, dst.head_dim));
     for (int h = 0; h < src.n_kv_heads; ++h) {
       for (int j = 0; j < s.n_slots; ++j) {
-        CopyRow(s.k.data() + s.offset(layer, h, j), src.dtype, row.data(), dst.dtype, dst.head_dim);
+        ConvertKvRow(s.k.data() + s.offset(layer, h, j), src.dtype, row.data(), dst.dtype,
+                     dst.head_dim);
         ref.WriteK(j, h, dst.head_dim, row.data());
-        CopyRow(s.v.data() + s.offset(layer, h, j), src.dtype, ref.v_at(j, h, dst.head_dim),
-                dst.dtype, dst.head_dim);
+        ConvertKvRow(s.v.data() + s.offset(layer, h, j), src.dtype, ref.v_at(j, h, dst.head_dim),
+                     dst.dtype, dst.head_dim);
       }
     }
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 #include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/kv/kv_dtype.h"
@@ -299,6 +300,70 @@ absl::Status PagedKvCache::Import(int32_t seq, const KvSnapshot& snap) {
     PublishFullBlocks(*s);
   } else {
     // Trimmed KV (slots are not prompt positions) or KV of unknown tokens is never shared.
+    s->publishable = false;
+    s->tokens = {};
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// The store a transfer writes through: the cache's memory, a private copy of one block table.
+class BlockTableView final : public KvStore {
+ public:
+  BlockTableView(const KvLayout& layout, int32_t seq, std::vector<int32_t> blocks,
+                 std::vector<KvLayerRef> layers)
+      : layout_(layout), seq_(seq), blocks_(std::move(blocks)), layers_(std::move(layers)) {
+    for (KvLayerRef& r : layers_) r.block_ids = blocks_.data();
+  }
+  KvLayout layout() const override { return layout_; }
+  KvLayerRef Layer(int32_t seq, int layer) override {
+    if (seq != seq_ || layer < 0 || layer >= static_cast<int>(layers_.size())) return {};
+    return layers_[layer];
+  }
+
+ private:
+  KvLayout layout_;
+  int32_t seq_;
+  std::vector<int32_t> blocks_;
+  std::vector<KvLayerRef> layers_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvStore> PagedKvCache::WriteView(int32_t seq) {
+  const Seq* s = Find(seq);
+  if (s == nullptr) return nullptr;
+  std::vector<KvLayerRef> layers;
+  layers.reserve(layout_.n_layers);
+  for (int l = 0; l < layout_.n_layers; ++l) layers.push_back(Layer(seq, l));
+  return std::make_unique<BlockTableView>(layout_, seq, s->blocks, std::move(layers));
+}
+
+absl::Status PagedKvCache::FinishExternalFill(int32_t seq, int n_slots,
+                                              std::span<const int32_t> token_ids,
+                                              uint64_t filled_by_plan_key) {
+  Seq* s = Find(seq);
+  if (s == nullptr) return absl::NotFoundError(absl::StrCat("KV fill: no sequence ", seq));
+  if (s->length != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("KV fill: sequence ", seq, " already holds ", s->length, " slots"));
+  }
+  const int64_t cap = int64_t{1} * s->blocks.size() * block_tokens_;
+  if (n_slots < 0 || n_slots > cap) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV fill: ", n_slots, " slots for a capacity of ", cap));
+  }
+  if (!token_ids.empty() && token_ids.size() != static_cast<size_t>(n_slots)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV fill: ", token_ids.size(), " token ids for ", n_slots, " slots"));
+  }
+  s->length = n_slots;
+  if (!token_ids.empty() && filled_by_plan_key == s->plan_key && s->publishable) {
+    s->tokens.assign(token_ids.begin(), token_ids.end());
+    PublishFullBlocks(*s);
+  } else {
+    // As Import: KV of unknown tokens, trimmed KV or another plan's KV is never shared.
     s->publishable = false;
     s->tokens = {};
   }

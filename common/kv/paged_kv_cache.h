@@ -88,6 +88,21 @@ class PagedKvCache final : public KvStore {
   // token_ids and plan_key == the sequence's key publish their full blocks; trimmed ones never.
   absl::Status Import(int32_t seq, const KvSnapshot& s);
 
+  // A view of seq's blocks for a writer on another thread (a KV transfer landing in a
+  // reservation): it holds a COPY of the block table, so that the writer never reads the cache's
+  // maps. Its Layer() answers for seq only. Valid while the cache lives and seq holds those
+  // blocks: the owner must neither free nor run the sequence while a writer uses it. Null for an
+  // unknown sequence.
+  std::unique_ptr<KvStore> WriteView(int32_t seq);
+
+  // Finishes a sequence whose slots [0, n_slots) someone else wrote (through WriteView): its
+  // length becomes n_slots. As Import: token_ids (the n_slots tokens, untrimmed KV only) with
+  // filled_by_plan_key == the sequence's key publish its full blocks to the prefix cache; empty
+  // token_ids (trimmed KV, unknown tokens) or another plan's KV are never shared. The sequence
+  // must be empty (length 0) with capacity for n_slots.
+  absl::Status FinishExternalFill(int32_t seq, int n_slots, std::span<const int32_t> token_ids,
+                                  uint64_t filled_by_plan_key);
+
   // Refcounts vs block tables, free + cached + owned == all, shared blocks are full.
   absl::Status CheckConsistency() const;
 

@@ -6,11 +6,14 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 namespace tripod {
 namespace {
-int g_threads = 0;
+// Read by every computing thread, written at start-up (and again by engine threads, with the same
+// value, as they pin their teams).
+std::atomic<int> g_threads{0};
 
 // Pins worker threads 1..n-1 of the OpenMP pool to distinct CPUs of this process's allowed set.
 // Why: after the pool idles (its workers sleep), the scheduler may wake a worker on the calling
@@ -47,12 +50,16 @@ void PinWorkers(int n) {
 }  // namespace
 
 void SetComputeThreads(int n) {
-  g_threads = std::max(1, n);
-  omp_set_num_threads(g_threads);
-  if (!omp_in_parallel()) PinWorkers(g_threads);
+  const int threads = std::max(1, n);
+  g_threads.store(threads, std::memory_order_relaxed);
+  omp_set_num_threads(threads);  // this thread's ICV: its team's size
+  if (!omp_in_parallel()) PinWorkers(threads);
 }
 
-int ComputeThreads() { return g_threads > 0 ? g_threads : omp_get_max_threads(); }
+int ComputeThreads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
+}
 
 namespace internal {
 

@@ -1,6 +1,12 @@
-// The process-wide pool of compute threads, and parallel_for over index ranges.
+// The compute threads, and parallel_for over index ranges.
 // The pool is the OpenMP runtime: oneDNN (Debian's build) runs its GEMMs on OpenMP too, so every
 // kernel of ours and every oneDNN primitive share one set of threads instead of oversubscribing.
+//
+// Threads in a server: the thread count is one process-wide setting (atomic; any thread may read
+// it), but OpenMP gives every thread that opens a parallel region its own team. So each engine
+// thread (a prefill queue's, DecodeEngine::Loop) computes on its own team, and calls
+// SetComputeThreads(ComputeThreads()) once when it starts so that its team's workers are pinned
+// as start-up pinned the main thread's. gRPC handler threads never open parallel regions.
 #pragma once
 
 #include <cstdint>
@@ -9,10 +15,11 @@
 
 namespace tripod {
 
-// Number of threads parallel_for uses; set once at start-up (flags), before any compute. Also
-// pins the pool's worker threads (not the caller) to distinct CPUs where there are enough.
+// Number of threads parallel_for uses; set at start-up (flags), before any compute. Also pins the
+// calling thread's team's workers (not the caller) to distinct CPUs where there are enough: call
+// it on every thread that computes, first thing. Thread-safe.
 void SetComputeThreads(int n);
-int ComputeThreads();
+int ComputeThreads();  // thread-safe
 
 // Calls fn(begin, end) on disjoint chunks covering [0, n), at most one chunk per thread when
 // grain is 0, else chunks of about `grain` items. Runs inline when n is small or one thread.

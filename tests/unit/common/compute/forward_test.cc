@@ -1,6 +1,7 @@
 // Forward-pass properties on the bundled model: chunking and multi-sequence batching leave the
-// logits unchanged (fp32 path), bad batches are rejected. Exact values are checked against the
-// NumPy reference in tests/reference/.
+// logits unchanged (fp32 path), bad batches are rejected, the K/V hook hears of each written layer
+// once, in order, after its K/V is in the store, and its error stops the pass. Exact values are
+// checked against the NumPy reference in tests/reference/.
 #include "common/compute/forward.h"
 
 #include <gtest/gtest.h>
@@ -8,6 +9,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
@@ -136,6 +139,73 @@ TEST_F(ForwardTest, RejectsPlanOfWrongDepth) {
   batch.AddSequence(0, ids, 2, 0, 0, true);
   std::vector<float> logits;
   EXPECT_FALSE(Forward(*model_, *backend_, ForwardPlan::Full(3), batch, *kv, ws, &logits).ok());
+}
+
+// Whether any K element of `layer` in slots [0, n) of sequence 0 is non-zero (the cache starts
+// zeroed).
+bool LayerWritten(KvStore& kv, int layer, int n) {
+  const KvLayout l = kv.layout();
+  const KvLayerRef ref = kv.Layer(0, layer);
+  std::vector<float> row(l.head_dim);
+  for (int s = 0; s < n; ++s) {
+    ref.ReadK(s, 0, l.head_dim, reinterpret_cast<uint8_t*>(row.data()));
+    for (float x : row) {
+      if (x != 0.0f) return true;
+    }
+  }
+  return false;
+}
+
+TEST_F(ForwardTest, KvHookHearsOfEachWrittenLayerOnceInOrder) {
+  const int L = model_->config.n_layers;
+  const std::vector<int32_t> ids = SomeIds(9, 5);
+  // POP on the full weights (each K/V-only layer on its own, no stack) and a self-draft, whose
+  // skipped layers write nothing and are not reported.
+  std::vector<int> skipped;
+  for (int l = L - 10; l < L; ++l) skipped.push_back(l);
+  for (const auto& [plan, written] : {std::pair{ForwardPlan::PopPrefill(L, skipped), L},
+                                      std::pair{ForwardPlan::SelfDraft(L, 7), 7}}) {
+    SCOPED_TRACE(plan.DebugString());
+    auto kv = NewCache(1, 16);
+    ForwardWorkspace ws(*backend_);
+    StepBatch batch;
+    batch.AddSequence(0, ids.data(), 9, 0, 0, false);
+    std::vector<std::pair<int, int>> calls;
+    const absl::Status s =
+        Forward(*model_, *backend_, plan, batch, *kv, ws, nullptr, [&](int begin, int end) {
+          calls.emplace_back(begin, end);
+          // This layer's K/V is in the store; the next layer's is not yet.
+          EXPECT_TRUE(LayerWritten(*kv, begin, 9)) << "layer " << begin;
+          if (end < L) {
+            EXPECT_FALSE(LayerWritten(*kv, end, 9)) << "layer " << end;
+          }
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(s.ok()) << s;
+    ASSERT_EQ(calls.size(), static_cast<size_t>(written));
+    for (int l = 0; l < written; ++l) EXPECT_EQ(calls[l], std::make_pair(l, l + 1));
+  }
+}
+
+TEST_F(ForwardTest, KvHookErrorStopsTheForward) {
+  const int L = model_->config.n_layers;
+  const std::vector<int32_t> ids = SomeIds(5, 6);
+  auto kv = NewCache(1, 8);
+  ForwardWorkspace ws(*backend_);
+  StepBatch batch;
+  batch.AddSequence(0, ids.data(), 5, 0, 0, true);
+  std::vector<float> logits;
+  int last = -1;
+  const absl::Status s = Forward(
+      *model_, *backend_, ForwardPlan::Full(L), batch, *kv, ws, &logits, [&](int begin, int) {
+        last = begin;
+        return begin == 3 ? absl::CancelledError("stop at 3") : absl::OkStatus();
+      });
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(s.message(), "stop at 3");
+  EXPECT_EQ(last, 3);
+  EXPECT_FALSE(LayerWritten(*kv, 4, 5));
+  EXPECT_TRUE(logits.empty());
 }
 
 }  // namespace

@@ -402,5 +402,109 @@ TEST(PagedKvCacheTest, ImportRejectsBadSnapshotsWithoutAllocating) {
   EXPECT_TRUE(c->CheckConsistency().ok());
 }
 
+// Reads every slot's K and V rows of seq (row order, whatever the cache's K layout).
+std::vector<uint8_t> SlotBytes(KvStore& store, int32_t seq, int n) {
+  const KvLayout l = store.layout();
+  const size_t row = KvRowBytes(l.dtype, l.head_dim);
+  std::vector<uint8_t> out;
+  std::vector<uint8_t> k(row);
+  for (int layer = 0; layer < l.n_layers; ++layer) {
+    const KvLayerRef r = store.Layer(seq, layer);
+    for (int h = 0; h < l.n_kv_heads; ++h) {
+      for (int j = 0; j < n; ++j) {
+        r.ReadK(j, h, l.head_dim, k.data());
+        out.insert(out.end(), k.begin(), k.end());
+        const uint8_t* v = r.v_at(j, h, l.head_dim);
+        out.insert(out.end(), v, v + row);
+      }
+    }
+  }
+  return out;
+}
+
+// KV written by another party through a view (a transfer), then finished: the same bytes as an
+// Import of the same snapshot (f32 -> f16, K in 16-slot tiles), published the same way.
+TEST(PagedKvCacheTest, WriteViewAndFinishExternalFillMatchImport) {
+  KvLayout f16 = kLayout;
+  f16.dtype = KvDtype::kF16;
+  PagedKvOptions o;
+  o.layout = f16;
+  o.block_tokens = 16;  // K tiled (kv_layout.h)
+  o.budget_bytes = size_t{1} * 12 * 16 * f16.bytes_per_token();
+  auto made = PagedKvCache::Create(o);
+  ASSERT_TRUE(made.ok()) << made.status();
+  PagedKvCache& c = **made;
+  KvSnapshot s = MakeSnapshot(37, 0);  // tag 0: exact in fp16
+  s.token_ids = Ids(37, 100);
+  s.plan_key = 5;
+
+  const int32_t imported = c.NewSequence(5);
+  ASSERT_TRUE(c.Import(imported, s).ok());
+  ASSERT_EQ(c.num_cached_blocks(), 2);
+  c.FreeSequence(imported);  // its two full blocks stay cached
+
+  const int32_t a = c.NewSequence(5);
+  ASSERT_TRUE(c.EnsureCapacity(a, 38));
+  std::unique_ptr<KvStore> view = c.WriteView(a);
+  ASSERT_NE(view, nullptr);
+  EXPECT_EQ(c.WriteView(12345), nullptr);
+  EXPECT_NE(view->Layer(a, 0).block_ids, c.Layer(a, 0).block_ids);  // a copy
+  EXPECT_EQ(view->Layer(a, 0).n_blocks, 3);
+  EXPECT_EQ(view->Layer(a + 1, 0).n_blocks, 0);  // another sequence: nothing
+  EXPECT_EQ(view->Layer(a, 2).n_blocks, 0);      // no such layer
+  // The cache's maps change meanwhile (a writer never reads them).
+  const int32_t other = c.NewSequence(5);
+  ASSERT_TRUE(c.EnsureCapacity(other, 16));
+  ASSERT_TRUE(WriteSnapshot(s, *view, a).ok());
+  EXPECT_EQ(c.length(a), 0);
+  EXPECT_EQ(c.num_free_blocks(), 12 - 3 - 1);
+
+  ASSERT_TRUE(c.FinishExternalFill(a, 37, s.token_ids, 5).ok());
+  EXPECT_EQ(c.length(a), 37);
+  const int32_t ref = c.NewSequence(5);
+  ASSERT_TRUE(c.Import(ref, s).ok());
+  EXPECT_EQ(SlotBytes(c, a, 37), SlotBytes(c, ref, 37));
+  // a republished the same two blocks' content: a prompt sharing them attaches 32 slots.
+  const int32_t b = c.NewSequence(5);
+  EXPECT_EQ(c.AttachCachedPrefix(b, Ids(40, 100)), 32);
+  EXPECT_TRUE(c.CheckConsistency().ok()) << c.CheckConsistency();
+
+  // Refusals change nothing.
+  EXPECT_EQ(c.FinishExternalFill(999, 1, {}, 5).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(c.FinishExternalFill(a, 3, {}, 5).code(), absl::StatusCode::kFailedPrecondition);
+  const int32_t d = c.NewSequence(5);
+  ASSERT_TRUE(c.EnsureCapacity(d, 4));
+  EXPECT_EQ(c.FinishExternalFill(d, 17, {}, 5).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> three = Ids(3, 7);
+  EXPECT_EQ(c.FinishExternalFill(d, 4, three, 5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.length(d), 0);
+  EXPECT_TRUE(c.CheckConsistency().ok()) << c.CheckConsistency();
+  for (int32_t seq : {a, other, ref, b, d}) c.FreeSequence(seq);
+  EXPECT_EQ(c.num_free_blocks(), 12);
+}
+
+// Another plan's KV, or KV without its tokens (trimmed), fills the sequence but is never shared,
+// nor is what decoding appends after it.
+TEST(PagedKvCacheTest, FinishExternalFillOfAnotherPlanOrTrimmedNeverPublishes) {
+  auto c = NewCache(8);
+  const int32_t a = c->NewSequence(5);
+  ASSERT_TRUE(c->EnsureCapacity(a, 9));
+  std::unique_ptr<KvStore> view = c->WriteView(a);
+  ASSERT_TRUE(WriteSnapshot(MakeSnapshot(8, 1), *view, a).ok());
+  ASSERT_TRUE(c->FinishExternalFill(a, 8, Ids(8, 100), /*filled_by_plan_key=*/6).ok());
+  EXPECT_TRUE(SlotsHold(*c, a, 0, 8, 1));
+  Fill(*c, a, Ids(4, 108), 2);
+  EXPECT_EQ(c->num_cached_blocks(), 0);
+  const int32_t t = c->NewSequence(5);
+  ASSERT_TRUE(c->EnsureCapacity(t, 8));
+  ASSERT_TRUE(c->FinishExternalFill(t, 8, {}, 5).ok());
+  Fill(*c, t, Ids(4, 108), 3);
+  EXPECT_EQ(c->num_cached_blocks(), 0);
+  EXPECT_TRUE(c->CheckConsistency().ok()) << c->CheckConsistency();
+  c->FreeSequence(a);
+  c->FreeSequence(t);
+  EXPECT_EQ(c->num_free_blocks(), 8);
+}
+
 }  // namespace
 }  // namespace tripod

@@ -1,0 +1,38 @@
+// The protocol's version and the glue every service and client shares: the version travels in
+// the metadata of every call (a client's ClientContext gets it from NewClientContext; a handler
+// checks it first with CheckProtocol), so that workers of different versions fail at the first
+// call with a message that says so, never with garbage. Status conversion both ways keeps the
+// codes and messages.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tripod {
+
+// Bumped on every incompatible change to proto/tripod/v1 or to what a field means.
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr char kProtocolMetadataKey[] = "tripod-protocol-version";
+
+// A client context carrying the protocol version, with a deadline `timeout` from now (zero: none).
+std::unique_ptr<grpc::ClientContext> NewClientContext(
+    std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
+// OK when the caller sent this protocol's version; FAILED_PRECONDITION naming both versions
+// otherwise (or when it sent none).
+grpc::Status CheckProtocol(const grpc::ServerContext& context);
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// Channel arguments for worker-to-worker channels: messages up to 8 MiB (a KV chunk is 1 MiB
+// plus its header), keepalive so that a dead peer is noticed.
+grpc::ChannelArguments WorkerChannelArguments();
+std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address);
+
+}  // namespace tripod

@@ -1,0 +1,24 @@
+// ChannelCache: one gRPC channel per decode worker address, made on first use and kept, so that
+// transfers to the same worker share its connection (and its TCP window, already opened).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tripod {
+
+class ChannelCache {
+ public:
+  // The channel to `address` (host:port): NewWorkerChannel's, made once. Thread-safe.
+  std::shared_ptr<grpc::Channel> Get(const std::string& address);
+
+ private:
+  std::mutex mu_;  // std::mutex for TSan: see cancel_token.h
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
+};
+
+}  // namespace tripod

@@ -1,0 +1,174 @@
+// KvSender; see kv_sender.h.
+#include "prefill_node/kv_sender.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/kv_chunk_codec.h"
+#include "common/rpc/protocol.h"
+#include "common/util/status_macros.h"
+
+namespace tripod {
+namespace {
+
+// Bytes a queued chunk counts for: its payload and a little for the header.
+size_t QueuedBytes(const v1::KvChunk& c) { return c.payload().size() + 64; }
+
+std::unique_ptr<grpc::ClientContext> MakeContext(const KvSenderOptions& o) {
+  std::unique_ptr<grpc::ClientContext> ctx = NewClientContext();
+  if (o.deadline != std::chrono::system_clock::time_point::max()) ctx->set_deadline(o.deadline);
+  return ctx;
+}
+
+}  // namespace
+
+std::vector<KvRange> SplitKvRange(const KvLayout& layout, const KvRange& range,
+                                  size_t max_payload) {
+  std::vector<KvRange> pieces;
+  const size_t one = std::max<size_t>(1, KvChunkPayloadBytes(layout, 1, 1));
+  const int slots = static_cast<int>(std::max<size_t>(1, max_payload / one));
+  for (int s0 = range.slot_begin; s0 < range.slot_end; s0 += slots) {
+    const int s1 = std::min(s0 + slots, range.slot_end);
+    const int layers = static_cast<int>(std::max<size_t>(1, max_payload / (one * (s1 - s0))));
+    for (int l0 = range.layer_begin; l0 < range.layer_end; l0 += layers) {
+      pieces.push_back(KvRange{l0, std::min(l0 + layers, range.layer_end), s0, s1});
+    }
+  }
+  return pieces;
+}
+
+KvSender::KvSender(std::shared_ptr<grpc::Channel> channel, uint64_t transfer_id,
+                   KvSenderOptions options)
+    : channel_(std::move(channel)),
+      transfer_id_(transfer_id),
+      options_(std::move(options)),
+      ctx_(MakeContext(options_)) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+KvSender::~KvSender() {
+  Abort();
+  if (thread_.joinable()) thread_.join();
+}
+
+void KvSender::Loop() {
+  // Opening the call waits for the connection: here, not on the engine thread.
+  std::unique_ptr<v1::Decode::Stub> stub = v1::Decode::NewStub(channel_);
+  std::unique_ptr<grpc::ClientWriter<v1::KvChunk>> writer = stub->PushKv(ctx_.get(), &response_);
+  while (true) {
+    v1::KvChunk msg;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !queue_.empty() || aborted_; });
+      if (aborted_) break;
+      msg = std::move(queue_.front());
+      queue_.pop_front();
+      queued_bytes_ -= QueuedBytes(msg);
+      cv_.notify_all();
+    }
+    if (msg.end()) {
+      writer->WriteLast(msg, grpc::WriteOptions());  // with WritesDone
+      break;
+    }
+    // False: the call is over (the decode side answered early, with an error); Finish says why.
+    if (!writer->Write(msg)) break;
+  }
+  const grpc::Status s = writer->Finish();
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  status_ = FromGrpcStatus(s);
+  if (status_.ok()) stats_.ack = std::chrono::steady_clock::now();
+  queue_.clear();
+  queued_bytes_ = 0;
+  cv_.notify_all();
+}
+
+absl::Status KvSender::StoppedStatus() const {
+  if (aborted_) {
+    return absl::CancelledError(
+        absl::StrCat("KV transfer ", transfer_id_, " to ", options_.peer, " aborted"));
+  }
+  if (!done_) return absl::OkStatus();
+  if (!status_.ok()) return status_;
+  if (end_queued_) return absl::OkStatus();  // acknowledged
+  return absl::InternalError(absl::StrCat("KV transfer ", transfer_id_, " to ", options_.peer,
+                                          ": the decode worker ended the stream before the end"));
+}
+
+absl::Status KvSender::Push(v1::KvChunk chunk) {
+  const size_t size = QueuedBytes(chunk);
+  std::unique_lock<std::mutex> lock(mu_);
+  if (end_queued_) return absl::FailedPreconditionError("KvSender: Push after Finish");
+  // Backpressure: wait for room (one chunk always fits in an empty queue).
+  cv_.wait(lock, [&] {
+    return !StoppedStatus().ok() || queue_.empty() ||
+           queued_bytes_ + size <= options_.max_queued_bytes;
+  });
+  RETURN_IF_ERROR(StoppedStatus());
+  chunk.set_transfer_id(transfer_id_);
+  chunk.set_seq(next_seq_++);
+  if (!stats_.first_handed) stats_.first_handed = std::chrono::steady_clock::now();
+  ++stats_.chunks;
+  stats_.bytes += chunk.payload().size();
+  queued_bytes_ += size;
+  queue_.push_back(std::move(chunk));
+  cv_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status KvSender::PushRange(KvStore& store, int32_t kv_seq, const KvRange& range) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(StoppedStatus());  // encode nothing for a stream that is over
+  }
+  for (const KvRange& p : SplitKvRange(store.layout(), range, kMaxKvChunkPayload)) {
+    v1::KvChunk chunk;
+    EncodeKvChunk(store, kv_seq, p.layer_begin, p.layer_end, p.slot_begin, p.slot_end, &chunk);
+    RETURN_IF_ERROR(Push(std::move(chunk)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::PushKvResponse> KvSender::Finish() {
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(StoppedStatus());
+    if (end_queued_) return absl::FailedPreconditionError("KvSender: Finish called twice");
+    v1::KvChunk end;
+    MakeKvEnd(transfer_id_, next_seq_++, stats_.chunks, stats_.bytes, &end);
+    queue_.push_back(std::move(end));
+    end_queued_ = true;
+    if (!stats_.first_handed) stats_.first_handed = std::chrono::steady_clock::now();
+    cv_.notify_all();
+    if (cv_.wait_for(lock, options_.ack_timeout, [this] { return done_ || aborted_; })) {
+      RETURN_IF_ERROR(StoppedStatus());
+      return response_;  // the sender thread wrote it before done_
+    }
+  }
+  // No acknowledgement in time: end the call (the decode side frees its reservation).
+  ctx_->TryCancel();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    cv_.notify_all();
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "KV transfer ", transfer_id_, " to ", options_.peer, ": no acknowledgement within ",
+      options_.ack_timeout.count(), " ms of the end message"));
+}
+
+void KvSender::Abort() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (done_ || aborted_) return;
+  aborted_ = true;
+  ctx_->TryCancel();
+  cv_.notify_all();
+}
+
+KvSenderStats KvSender::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace tripod

@@ -1,0 +1,131 @@
+// PrefillService; see prefill_service.h.
+#include "prefill_node/prefill_service.h"
+
+#include <chrono>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc/kv_chunk_codec.h"
+#include "common/rpc/protocol.h"
+#include "common/util/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace tripod {
+
+absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
+                                          const v1::PrefillRequest& request) {
+  PrefillJob job;
+  job.request_id = request.request_id();
+  job.prompt.assign(request.prompt().begin(), request.prompt().end());
+  RETURN_IF_ERROR(CheckPrompt(engine.model().config, job.prompt));
+  if (request.decode_address().empty()) {
+    return absl::InvalidArgumentError("prefill: decode_address is missing");
+  }
+  if (request.transfer_id() == 0) {
+    return absl::InvalidArgumentError("prefill: transfer_id is missing (Decode.Reserve gives it)");
+  }
+  if (request.trimming().method() != v1::TRIM_NONE) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill: trimming method ",
+                                                   request.trimming().method(),
+                                                   " is not supported; only TRIM_NONE"));
+  }
+  std::optional<PopConfig> pop;
+  const v1::PrefillPlan& plan = request.plan();
+  if (plan.plan_case() == v1::PrefillPlan::kPopRatio && !plan.pop_ratio().empty()) {
+    ASSIGN_OR_RETURN(pop, ParsePopConfig(plan.pop_ratio(), ""));
+  } else if (plan.plan_case() == v1::PrefillPlan::kSkippedLayers) {
+    pop.emplace();
+    pop->layers.emplace(plan.skipped_layers().layers().begin(),
+                        plan.skipped_layers().layers().end());
+  }
+  ASSIGN_OR_RETURN(job.plan, engine.PlanFor(pop));
+  job.decode_address = request.decode_address();
+  job.transfer_id = request.transfer_id();
+  return job;
+}
+
+PrefillService::PrefillService(PrefillWorker& worker, v1::ModelIdentity model)
+    : worker_(worker), model_(std::move(model)) {}
+
+grpc::Status PrefillService::RunChecked(grpc::ServerContext* context,
+                                        const v1::PrefillRequest& request,
+                                        v1::PrefillResponse* response, PrefillOutcome* outcome) {
+  if (grpc::Status s = CheckProtocol(*context); !s.ok()) return s;
+  absl::StatusOr<PrefillJob> job = JobFromRequest(worker_.engine(), request);
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  job->deadline = context->deadline();
+  absl::StatusOr<std::shared_ptr<PrefillTicket>> ticket = worker_.queue().Submit(*std::move(job));
+  if (!ticket.ok()) return ToGrpcStatus(ticket.status());
+  // Wait on this handler thread; the engine thread does the work. A client that hangs up (or a
+  // deadline that passes: gRPC cancels the call) cancels the job.
+  while (!(*ticket)->WaitUntil(absl::Now() + poll_)) {
+    if (context->IsCancelled()) {
+      worker_.queue().Cancel(**ticket);
+      const bool late = std::chrono::system_clock::now() >= context->deadline();
+      return late ? grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                 "prefill: the call's deadline passed; request cancelled")
+                  : grpc::Status(grpc::StatusCode::CANCELLED,
+                                 "prefill: the client cancelled the call; request cancelled");
+    }
+  }
+  *outcome = (*ticket)->outcome();
+  if (!outcome->status.ok()) return ToGrpcStatus(outcome->status);
+  response->set_prefilled_tokens(outcome->prefilled_tokens);
+  response->set_plan_key(outcome->plan_key);
+  response->set_bytes_sent(outcome->bytes_sent);
+  response->set_chunks_sent(outcome->chunks_sent);
+  response->set_queue_s(outcome->queue_s);
+  response->set_compute_s(outcome->compute_s);
+  response->set_transfer_s(outcome->transfer_s);
+  response->set_tail_s(outcome->tail_s);
+  response->set_total_s(outcome->total_s);
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillService::Run(grpc::ServerContext* context, const v1::PrefillRequest* request,
+                                 v1::PrefillResponse* response) {
+  PrefillOutcome o;
+  const grpc::Status s = RunChecked(context, *request, response, &o);
+  if (worker_.metrics() != nullptr) worker_.metrics()->RequestDone(FromGrpcStatus(s));
+  // One line per request; nothing per chunk.
+  spdlog::info(
+      "prefill request {} transfer {} -> {}: {} prompt tokens, {}: queue {:.3f}s compute {:.3f}s "
+      "transfer {:.3f}s tail {:.3f}s total {:.3f}s, {} bytes in {} chunks",
+      request->request_id(), request->transfer_id(), request->decode_address(),
+      request->prompt_size(), s.ok() ? "ok" : FromGrpcStatus(s).ToString(), o.queue_s, o.compute_s,
+      o.transfer_s, o.tail_s, o.total_s, o.bytes_sent, o.chunks_sent);
+  return s;
+}
+
+grpc::Status PrefillService::Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
+                                    v1::CancelResponse* response) {
+  if (grpc::Status s = CheckProtocol(*context); !s.ok()) return s;
+  response->set_found(worker_.queue().Cancel(request->request_id()));
+  return grpc::Status::OK;
+}
+
+grpc::Status PrefillService::Health(grpc::ServerContext* context, const v1::HealthRequest* request,
+                                    v1::HealthResponse* response) {
+  if (grpc::Status s = CheckProtocol(*context); !s.ok()) return s;
+  *response = HealthNow();
+  return grpc::Status::OK;
+}
+
+v1::HealthResponse PrefillService::HealthNow() const {
+  v1::HealthResponse h;
+  h.set_role(v1::ROLE_PREFILL);
+  h.set_protocol_version(kProtocolVersion);
+  *h.mutable_model() = model_;
+  const PrefillEngine& engine = worker_.engine();
+  h.set_plan_key(engine.plan().KvKey());
+  h.set_plan(engine.plan().DebugString());
+  h.set_kv_dtype(KvDtypeToWire(engine.kv_dtype()));
+  const PrefillQueue& queue = worker_.queue();
+  h.set_queued(queue.queued());
+  h.set_running(queue.running());
+  h.set_draining(queue.draining());
+  return h;
+}
+
+}  // namespace tripod

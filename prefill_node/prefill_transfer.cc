@@ -1,0 +1,73 @@
+// RunPrefillJob; see prefill_transfer.h.
+#include "prefill_node/prefill_transfer.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "prefill_node/kv_sender.h"
+
+namespace tripod {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
+                             const TransferOptions& options, const PrefillJob& job,
+                             CancelToken& cancel) {
+  PrefillOutcome o;
+  const Clock::time_point start = Clock::now();
+  o.queue_s = Seconds(job.accepted, start);
+  o.plan_key = job.plan.KvKey();
+  KvSenderOptions so;
+  so.max_queued_bytes = options.max_queued_bytes;
+  so.deadline = job.deadline;
+  so.ack_timeout = options.ack_timeout;
+  so.peer = job.decode_address;
+  KvSender sender(channels.Get(job.decode_address), job.transfer_id, so);
+  {
+    // A cancel wakes a Push blocked on the network, and ends the call.
+    ScopedOnCancel abort_stream(cancel, [&sender] { sender.Abort(); });
+    PrefillRun run;
+    run.plan = &job.plan;
+    run.cancel = &cancel.flag();
+    run.sink = [&sender](KvStore& store, int32_t kv_seq, const KvRange& range) {
+      return sender.PushRange(store, kv_seq, range);
+    };
+    absl::StatusOr<PrefillResult> r = engine.Run(job.prompt, run);
+    const Clock::time_point computed = Clock::now();
+    o.compute_s = Seconds(start, computed);
+    if (r.ok()) {
+      o.prefilled_tokens = r->prefilled_tokens;
+      absl::StatusOr<v1::PushKvResponse> ack = sender.Finish();
+      const KvSenderStats st = sender.stats();
+      o.chunks_sent = st.chunks;
+      o.bytes_sent = st.bytes;
+      if (!ack.ok()) {
+        o.status = ack.status();
+      } else if (ack->chunks() != st.chunks || ack->bytes() != st.bytes) {
+        o.status = absl::InternalError(absl::StrCat(
+            "KV transfer ", job.transfer_id, ": the decode worker acknowledged ", ack->chunks(),
+            " chunks of ", ack->bytes(), " bytes, ", st.chunks, " of ", st.bytes, " were sent"));
+      }
+      if (st.ack.has_value()) {
+        if (st.first_handed.has_value()) o.transfer_s = Seconds(*st.first_handed, *st.ack);
+        o.tail_s = std::max(0.0, Seconds(computed, *st.ack));
+      }
+    } else {
+      o.status = r.status();
+      sender.Abort();
+      const KvSenderStats st = sender.stats();
+      o.chunks_sent = st.chunks;
+      o.bytes_sent = st.bytes;
+    }
+  }
+  o.total_s = Seconds(job.accepted, Clock::now());
+  return o;
+}
+
+}  // namespace tripod

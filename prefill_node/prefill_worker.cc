@@ -1,0 +1,27 @@
+// PrefillWorker; see prefill_worker.h.
+#include "prefill_node/prefill_worker.h"
+
+#include "absl/time/time.h"
+
+namespace tripod {
+
+PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
+                             const PrefillWorkerOptions& options)
+    : engine_(engine) {
+  if (registry != nullptr) metrics_ = std::make_unique<PrefillMetrics>(*registry);
+  const TransferOptions transfer = options.transfer;
+  PrefillQueue::Options qo;
+  qo.max_queue = options.max_queue;
+  queue_ = std::make_unique<PrefillQueue>(
+      [this, transfer](const PrefillJob& job, CancelToken& cancel) {
+        PrefillOutcome o = RunPrefillJob(engine_, channels_, transfer, job, cancel);
+        if (metrics_ != nullptr) metrics_->JobDone(static_cast<int>(job.prompt.size()), o);
+        return o;
+      },
+      qo);
+  if (metrics_ != nullptr) metrics_->AddQueueGauges(*queue_);
+}
+
+PrefillWorker::~PrefillWorker() { queue_->Shutdown(absl::ZeroDuration()); }
+
+}  // namespace tripod

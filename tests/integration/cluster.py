@@ -1,0 +1,292 @@
+"""Real worker processes on loopback for the integration tests, and the client that plays the
+scheduler (Decode.Reserve -> Prefill.Run -> Decode.Generate).
+
+Every process is started in its own session with --listen 127.0.0.1:0 and --port_file, so the
+kernel picks free ports and parallel test runs never collide; every process is killed and reaped
+when its test ends, failed or not (Cluster is a context manager, and an atexit hook catches the
+rest). Every wait is bounded.
+
+Stubs are generated from proto/ with grpc_tools at import time, into a temporary directory.
+"""
+
+import atexit
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import grpc
+from grpc_tools import protoc
+
+SOURCE_DIR = os.environ.get("TRIPOD_SOURCE_DIR") or os.path.normpath(
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+MODEL = os.environ.get("TRIPOD_MODEL") or os.path.join(SOURCE_DIR, "models",
+                                                       "SmolLM2-135M-Instruct.Q4_1.gguf")
+PROTOCOL_VERSION = "1"
+METADATA = (("tripod-protocol-version", PROTOCOL_VERSION),)
+START_TIMEOUT_S = 120
+CALL_TIMEOUT_S = 300
+
+
+def _generate_stubs():
+  out = tempfile.mkdtemp(prefix="tripod_stubs_")
+  atexit.register(shutil.rmtree, out, True)
+  proto_dir = os.path.join(SOURCE_DIR, "proto")
+  files = sorted(
+      os.path.join("tripod", "v1", f) for f in os.listdir(os.path.join(proto_dir, "tripod", "v1"))
+      if f.endswith(".proto"))
+  import grpc_tools
+  well_known = os.path.join(os.path.dirname(grpc_tools.__file__), "_proto")
+  rc = protoc.main(["protoc", f"-I{proto_dir}", f"-I{well_known}", f"--python_out={out}",
+                    f"--grpc_python_out={out}"] + files)
+  if rc != 0:
+    raise RuntimeError(f"grpc_tools.protoc failed ({rc}) on {files}")
+  sys.path.insert(0, out)
+
+
+_generate_stubs()
+from tripod.v1 import common_pb2 as pb  # noqa: E402
+from tripod.v1 import decode_pb2 as dpb  # noqa: E402
+from tripod.v1 import decode_pb2_grpc as dgrpc  # noqa: E402
+from tripod.v1 import kv_chunk_pb2 as kpb  # noqa: E402
+from tripod.v1 import prefill_pb2 as ppb  # noqa: E402
+from tripod.v1 import prefill_pb2_grpc as pgrpc  # noqa: E402
+
+
+def binary(name):
+  env = {"prefill": "TRIPOD_PREFILL_BIN", "decode": "TRIPOD_DECODE_BIN", "tripod": "TRIPOD_BIN",
+         "tokenize": "TRIPOD_TOKENIZE_BIN"}[name]
+  path = os.environ.get(env)
+  if not path or not os.access(path, os.X_OK):
+    raise RuntimeError(f"{env} is not set to an executable; run these tests through ctest")
+  return path
+
+
+_live = []  # every Worker started and not yet reaped, for the atexit hook
+
+
+@atexit.register
+def _reap_all():
+  for w in list(_live):
+    w.kill()
+
+
+class Worker:
+  """One worker process (tripod-prefill or tripod-decode) with its stub and HTTP port."""
+
+  def __init__(self, role, args, name=None, env=None, netns=None, connect=True):
+    self.role = role
+    self.name = name or role
+    self.dir = tempfile.mkdtemp(prefix=f"tripod_{self.name}_")
+    self.port_file = os.path.join(self.dir, "ports.json")
+    self.log_path = os.path.join(self.dir, "log.txt")
+    listen = args.pop("listen", "127.0.0.1:0")
+    http_listen = args.pop("http_listen", "127.0.0.1:0")
+    cmd = [binary(role), f"--listen={listen}", f"--http_listen={http_listen}",
+           f"--port_file={self.port_file}", f"--model={MODEL}"]
+    cmd += [f"--{k}={v}" for k, v in args.items()]
+    if netns:
+      cmd = ["ip", "netns", "exec", netns] + cmd
+    self.cmd = cmd
+    penv = dict(os.environ)
+    penv.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    penv.update(env or {})
+    self._log = open(self.log_path, "wb")
+    self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=penv,
+                                 start_new_session=True)
+    _live.append(self)
+    self.host = listen.rsplit(":", 1)[0]
+    self.grpc_port = self.http_port = None
+    self.channel = None
+    try:
+      self._wait_ports()
+    except Exception:
+      self.kill()
+      raise
+    self.address = f"{self.host}:{self.grpc_port}"
+    if not connect:  # in another network namespace: this process cannot reach it
+      return
+    self.channel = grpc.insecure_channel(self.address, options=[
+        ("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)])
+    self.stub = (pgrpc.PrefillStub if role == "prefill" else dgrpc.DecodeStub)(self.channel)
+
+  def _wait_ports(self):
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+      if self.proc.poll() is not None:
+        raise RuntimeError(f"{self.name} exited with {self.proc.returncode} at start:\n"
+                           f"{self.log()}")
+      if os.path.exists(self.port_file):
+        with open(self.port_file) as f:
+          ports = json.load(f)
+        self.grpc_port, self.http_port = ports["grpc_port"], ports["http_port"]
+        return
+      time.sleep(0.05)
+    raise TimeoutError(f"{self.name} did not listen within {START_TIMEOUT_S} s:\n{self.log()}")
+
+  def log(self):
+    self._log.flush()
+    with open(self.log_path, "rb") as f:
+      return f.read().decode(errors="replace")[-4000:]
+
+  def health(self, timeout=10):
+    return self.stub.Health(pb.HealthRequest(), metadata=METADATA, timeout=timeout)
+
+  def http_get(self, path, timeout=10):
+    """(status, body) of GET http://host:http_port/path."""
+    url = f"http://{self.host}:{self.http_port}{path}"
+    try:
+      with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+      return e.code, e.read().decode()
+
+  def signal(self, sig):
+    if self.proc.poll() is None:
+      os.killpg(self.proc.pid, sig)
+
+  def wait(self, timeout):
+    return self.proc.wait(timeout=timeout)
+
+  def kill(self):
+    """SIGKILL the process group and reap it (idempotent)."""
+    if self.channel is not None:
+      self.channel.close()
+      self.channel = None
+    if self.proc.poll() is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+    try:
+      self.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+      pass
+    if not self._log.closed:
+      self._log.close()
+    if self in _live:
+      _live.remove(self)
+    shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_until(pred, timeout, what):
+  """Polls pred() until it is truthy; raises with `what` after timeout seconds."""
+  deadline = time.monotonic() + timeout
+  last = None
+  while time.monotonic() < deadline:
+    last = pred()
+    if last:
+      return last
+    time.sleep(0.05)
+  raise TimeoutError(f"{what}: not within {timeout} s (last: {last})")
+
+
+def all_blocks_free(decode):
+  h = decode.health()
+  return h.free_kv_blocks == h.total_kv_blocks and h.reservations == 0 and h.running == 0
+
+
+class Cluster:
+  """Workers started for one test; stopped and reaped on exit, whatever happened."""
+
+  def __init__(self):
+    self.workers = []
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    for w in self.workers:
+      w.kill()
+    return False
+
+  def prefill(self, **args):
+    name = args.pop("name", None)
+    w = Worker("prefill", args, name=name)
+    self.workers.append(w)
+    return w
+
+  def decode(self, **args):
+    name = args.pop("name", None)
+    w = Worker("decode", args, name=name)
+    self.workers.append(w)
+    return w
+
+
+def sampling(temperature=0.0, **kw):
+  return pb.SamplingParams(temperature=temperature, **kw)
+
+
+def generate(decode, prompt, transfer_id=0, max_tokens=16, request_id=1, ignore_eos=False,
+             timeout=CALL_TIMEOUT_S, **sampling_kw):
+  """Runs Decode.Generate to the end: (token ids, last event)."""
+  req = dpb.GenerateRequest(request_id=request_id, prompt=prompt, transfer_id=transfer_id,
+                            sampling=sampling(**sampling_kw), max_tokens=max_tokens,
+                            ignore_eos=ignore_eos)
+  tokens, last = [], None
+  for ev in decode.stub.Generate(req, metadata=METADATA, timeout=timeout):
+    if ev.token >= 0:
+      tokens.append(ev.token)
+    last = ev
+  return tokens, last
+
+
+def disaggregated(prefill, decode, prompt, max_tokens=16, request_id=1, plan=None, **sampling_kw):
+  """What a scheduler does: Reserve on decode, Run on prefill (KV pushed straight to decode),
+  Generate on decode. Returns (tokens, last event, PrefillResponse)."""
+  h = prefill.health()
+  res = decode.stub.Reserve(
+      dpb.ReserveRequest(prompt_tokens=len(prompt), plan_key=h.plan_key), metadata=METADATA,
+      timeout=30)
+  run = prefill.stub.Run(
+      ppb.PrefillRequest(request_id=request_id, prompt=prompt, decode_address=decode.address,
+                         transfer_id=res.transfer_id, plan=plan),
+      metadata=METADATA, timeout=CALL_TIMEOUT_S)
+  tokens, last = generate(decode, prompt, transfer_id=res.transfer_id, max_tokens=max_tokens,
+                          request_id=request_id, **sampling_kw)
+  return tokens, last, run
+
+
+def reference_tokens(prompt, max_tokens, precision="fp32", extra=()):
+  """Greedy ids from the single-process `tripod generate`."""
+  out = subprocess.run(
+      [binary("tripod"), "generate", f"--model={MODEL}", "--ids=" + ",".join(map(str, prompt)),
+       f"--max_tokens={max_tokens}", "--temperature=0", f"--precision={precision}", "--print_ids",
+       *extra],
+      capture_output=True, text=True, timeout=CALL_TIMEOUT_S, check=True)
+  return [int(t) for t in out.stdout.split()]
+
+
+def corpus_prompt(n_tokens, offset=0):
+  """n_tokens real-text token ids from data/corpus/eval.txt (tokenized by the project's
+  tokenizer), starting `offset` tokens in."""
+  path = os.path.join(SOURCE_DIR, "data", "corpus", "eval.txt")
+  with open(path, encoding="utf-8") as f:
+    text = f.read()[:200000]
+  with tempfile.TemporaryDirectory(prefix="tripod_tok_") as tmp:
+    src, dst = os.path.join(tmp, "in.json"), os.path.join(tmp, "out.json")
+    with open(src, "w") as f:
+      json.dump({"texts": [text], "parse_special": False}, f)
+    subprocess.run([binary("tokenize"), "encode", MODEL, src, dst], check=True, timeout=120,
+                   capture_output=True)
+    with open(dst) as f:
+      ids = json.load(f)["ids"][0]
+  if offset + n_tokens > len(ids):
+    raise ValueError(f"the corpus holds {len(ids)} tokens, asked for {offset + n_tokens}")
+  return ids[offset:offset + n_tokens]
+
+
+def in_process_pop_tokens(prompt, max_tokens, ratio, precision="fp32"):
+  """Greedy ids of the in-process POP path: `tripod prefill --generate N` prefills with the POP
+  engine, imports its KV snapshot into a DecodeEngine and decodes."""
+  out = subprocess.run(
+      [binary("tripod"), "prefill", f"--model={MODEL}", "--ids=" + ",".join(map(str, prompt)),
+       f"--pop_ratio={ratio}", f"--precision={precision}", "--compare_full=false",
+       f"--generate={max_tokens}"],
+      capture_output=True, text=True, timeout=CALL_TIMEOUT_S, check=True)
+  return json.loads(out.stdout)["generated_ids"]
