@@ -6,7 +6,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/profiling_backend.h"
 #include "common/compute/session.h"
@@ -164,7 +163,7 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
   seq->sched.n_prompt = n;
   seq->sched.snapshot = seq->req.kv.get();
   seq->submitted = Now();
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const int64_t id = next_id_++;
   seq->sched.id = id;
   incoming_.push_back(std::move(seq));
@@ -173,13 +172,13 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
 }
 
 void DecodeEngine::Cancel(int64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   cancels_.insert(id);
   cv_.Signal();
 }
 
 bool DecodeEngine::idle() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return incoming_.empty() && active_ == 0;
 }
 
@@ -191,14 +190,14 @@ DecodeEngine::KvUsage DecodeEngine::kv_usage() const {
 }
 
 DecodeEngineStats DecodeEngine::stats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   DecodeEngineStats st = stats_;
   st.waiting += static_cast<int>(incoming_.size());
   return st;
 }
 
 void DecodeEngine::UpdateGauges() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stats_.waiting = static_cast<int>(queues_.waiting.size());
   stats_.running = static_cast<int>(queues_.running.size());
   stats_.reservations = static_cast<int>(reservations_.size());
@@ -207,7 +206,7 @@ void DecodeEngine::UpdateGauges() {
 }
 
 bool DecodeEngine::Post(std::function<void()> task) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!loop_running_) return false;
   tasks_.push_back(std::move(task));
   cv_.Signal();
@@ -217,7 +216,7 @@ bool DecodeEngine::Post(std::function<void()> task) {
 void DecodeEngine::RunTasks() {
   std::deque<std::function<void()>> tasks;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     tasks.swap(tasks_);
   }
   for (auto& t : tasks) t();
@@ -226,7 +225,7 @@ void DecodeEngine::RunTasks() {
 
 absl::StatusOr<KvReservation> DecodeEngine::ReserveKv(int n_slots, uint64_t plan_key) {
   absl::StatusOr<KvReservation> result;
-  absl::Notification done;
+  Notification done;
   auto task = [&] {
     result = ReserveOnEngine(n_slots, plan_key);
     done.Notify();
@@ -275,7 +274,7 @@ absl::StatusOr<KvReservation> DecodeEngine::ReserveOnEngine(int n_slots, uint64_
 }
 
 void DecodeEngine::ReleaseKv(int32_t kv_seq) {
-  absl::Notification done;
+  Notification done;
   auto task = [&] {
     if (reservations_.erase(kv_seq) > 0) cache_->FreeSequence(kv_seq);
     done.Notify();
@@ -316,7 +315,7 @@ void DecodeEngine::Intake() {
   std::deque<std::unique_ptr<Sequence>> in;
   absl::flat_hash_set<int64_t> cancels;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     in.swap(incoming_);
     cancels.swap(cancels_);
     active_ += static_cast<int64_t>(in.size());
@@ -334,7 +333,7 @@ void DecodeEngine::Intake() {
         Finish(seq, std::move(ev));
         continue;
       }
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ++stats_.adopted;
     }
   }
@@ -359,7 +358,7 @@ void DecodeEngine::Finish(Sequence& s, TokenEvent ev) {
   TokenCallback cb = std::move(s.req.on_event);
   seqs_.erase(id);  // s is gone
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     --active_;
     ++stats_.finished;
     // Before the last event goes out, so that whoever sees it sees the blocks free too.
@@ -460,10 +459,10 @@ absl::Status DecodeEngine::Step() {
       }
     });
     for (SampledSeq& ss : sampling_) EmitToken(*ss.seq, std::move(ss.token));
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stats_.generated_tokens += static_cast<int64_t>(sampling_.size());
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (!sched.chunks.empty()) ++stats_.steps;
   stats_.forward_tokens += sched.n_tokens;
   stats_.preemptions += static_cast<int64_t>(sched.preempted.size());
@@ -495,7 +494,7 @@ void DecodeEngine::Loop() {
   SetComputeThreads(ComputeThreads());
   while (true) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       while (!stop_ && incoming_.empty() && cancels_.empty() && tasks_.empty() && active_ == 0) {
         cv_.Wait(&mu_);
       }
@@ -509,7 +508,7 @@ void DecodeEngine::Loop() {
 void DecodeEngine::Start() {
   if (loop_.joinable()) return;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = false;
     loop_running_ = true;
   }
@@ -518,13 +517,13 @@ void DecodeEngine::Start() {
 
 void DecodeEngine::Stop() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     cv_.Signal();
   }
   if (loop_.joinable()) loop_.join();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     loop_running_ = false;
   }
   // Tasks posted while the loop was stopping: this thread owns the engine now.

@@ -28,13 +28,13 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/compute/backend.h"
 #include "common/compute/forward.h"
 #include "common/compute/model.h"
 #include "common/compute/plan.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/tokenizer.h"
+#include "common/util/mutex.h"
 #include "decode_node/batch_scheduler.h"
 #include "decode_node/request.h"
 
@@ -187,8 +187,8 @@ class DecodeEngine {
   std::vector<SampledSeq> sampling_;  // Step's scratch: the sequences sampled this step
   absl::flat_hash_map<int32_t, Reserved> reservations_;  // by kv_seq, until adopted or released
 
-  mutable absl::Mutex mu_;
-  absl::CondVar cv_;
+  mutable Mutex mu_;
+  CondVar cv_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<std::unique_ptr<Sequence>> incoming_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> cancels_ ABSL_GUARDED_BY(mu_);

@@ -17,8 +17,8 @@ namespace tripod {
 struct DecodeService::Call {
   uint64_t request_id = 0;
   uint64_t transfer_id = 0;
-  absl::Mutex mu;
-  absl::CondVar cv;
+  Mutex mu;
+  CondVar cv;
   std::deque<TokenEvent> events ABSL_GUARDED_BY(mu);
   bool cancelled ABSL_GUARDED_BY(mu) = false;  // Cancel RPC or CancelAll
   std::string cancel_why ABSL_GUARDED_BY(mu);
@@ -114,7 +114,7 @@ int DecodeService::in_flight() const { return handlers_.load() + transfers_->act
 void DecodeService::RequestCancel(Call& call, const std::string& why) {
   int64_t id = 0;
   {
-    absl::MutexLock lock(&call.mu);
+    MutexLock lock(&call.mu);
     if (!call.cancelled) {
       call.cancelled = true;
       call.cancel_why = why;
@@ -128,7 +128,7 @@ void DecodeService::RequestCancel(Call& call, const std::string& why) {
 void DecodeService::CancelAll(const std::string& why) {
   std::vector<std::shared_ptr<Call>> calls;
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(&calls_mu_);
     for (const auto& [p, c] : calls_) calls.push_back(c);
   }
   for (const auto& c : calls) RequestCancel(*c, why);
@@ -250,7 +250,7 @@ grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::Cance
   }
   std::vector<std::shared_ptr<Call>> hits;
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(&calls_mu_);
     for (const auto& [p, c] : calls_) {
       if ((req->request_id() != 0 && c->request_id == req->request_id()) ||
           (req->transfer_id() != 0 && c->transfer_id == req->transfer_id())) {
@@ -272,12 +272,12 @@ grpc::Status DecodeService::Generate(grpc::ServerContext* context,
   call->request_id = request->request_id();
   call->transfer_id = request->transfer_id();
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(&calls_mu_);
     calls_[call.get()] = call;
   }
   grpc::Status st = GenerateChecked(context, *request, writer, call);
   {
-    absl::MutexLock lock(&calls_mu_);
+    MutexLock lock(&calls_mu_);
     calls_.erase(call.get());
   }
   return st;
@@ -296,7 +296,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
     return ToGrpcStatus(s);
   };
   auto cancelled_now = [&] {
-    absl::MutexLock lock(&call->mu);
+    MutexLock lock(&call->mu);
     return call->cancelled;
   };
   // A request cancelled before it reached the engine: one end-only event.
@@ -364,7 +364,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
 
   Call* c = call.get();
   r.on_event = [call](const TokenEvent& ev) {
-    absl::MutexLock lock(&call->mu);
+    MutexLock lock(&call->mu);
     call->events.push_back(ev);
     call->cv.Signal();
   };
@@ -376,7 +376,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
   }
   bool cancel_now = false;
   {
-    absl::MutexLock lock(&c->mu);
+    MutexLock lock(&c->mu);
     c->engine_id = *id;
     cancel_now = c->cancelled;
   }
@@ -392,7 +392,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
   std::deque<TokenEvent> batch;
   while (!finished) {
     {
-      absl::MutexLock lock(&c->mu);
+      MutexLock lock(&c->mu);
       if (c->events.empty()) c->cv.WaitWithTimeout(&c->mu, options_.poll);
       batch.swap(c->events);
     }

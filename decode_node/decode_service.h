@@ -31,9 +31,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/sampler.h"
+#include "common/util/mutex.h"
 #include "decode_node/decode_engine.h"
 #include "decode_node/decode_metrics.h"
 #include "decode_node/kv_transfers.h"
@@ -103,7 +103,7 @@ class DecodeService final : public v1::Decode::Service {
   std::atomic<bool> draining_{false};
   std::atomic<int> handlers_{0};  // Generate and PushKv handlers running
 
-  mutable absl::Mutex calls_mu_;
+  mutable Mutex calls_mu_;
   absl::flat_hash_map<const Call*, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(calls_mu_);
 
   std::unique_ptr<KvTransfers> transfers_;  // last: destroyed first

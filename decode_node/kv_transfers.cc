@@ -72,7 +72,7 @@ KvTransfers::KvTransfers(const KvTransfersOptions& options, const KvLayout& layo
   std::random_device rd;
   const uint64_t key = (uint64_t{rd()} << 32) ^ rd();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     id_key_ = key;
   }
   reaper_ = std::thread([this] { Reaper(); });
@@ -98,7 +98,7 @@ TransferTicket KvTransfers::Add(KvReservation reservation, const TransferSpec& s
   TransferTicket ticket;
   Pending pending;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     t->id = NewId();
     t->receiver = std::make_unique<KvChunkReceiver>(t->id, layout_, reservation.n_slots,
                                                     std::max(spec.n_prompt - 1, 0), spec.dtype);
@@ -183,7 +183,7 @@ void KvTransfers::Run(Pending& pending) {
 }
 
 absl::Status KvTransfers::OpenStream(uint64_t id) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::shared_ptr<Transfer> t = Live(id);
   if (t == nullptr) return NotLive(id, /*for_chunk=*/true);
   if (t->streaming) {
@@ -203,7 +203,7 @@ absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& c
   absl::Status early;
   Pending pending;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     t = Live(id);
     if (t == nullptr) return NotLive(id, /*for_chunk=*/true);
     if (!t->streaming) {
@@ -239,7 +239,7 @@ absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& c
   progress.complete = t->receiver->complete();
   absl::Status result;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     t->writing = false;
     --writers_;
     if (st.ok() && !chunk.end()) t->chunks_in = progress.chunks;
@@ -269,7 +269,7 @@ absl::Status KvTransfers::CloseStream(uint64_t id, const absl::Status& why) {
   Pending pending;
   absl::Status result;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     std::shared_ptr<Transfer> t = Live(id);
     if (t == nullptr) return NotLive(id, /*for_chunk=*/true);
     t->streaming = false;
@@ -288,7 +288,7 @@ absl::Status KvTransfers::CloseStream(uint64_t id, const absl::Status& why) {
 
 absl::StatusOr<bool> KvTransfers::AwaitComplete(uint64_t id, absl::Duration wait) {
   const absl::Time until = absl::Now() + wait;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (true) {
     std::shared_ptr<Transfer> t = Live(id);
     if (t == nullptr) return NotLive(id, /*for_chunk=*/false);
@@ -305,7 +305,7 @@ absl::StatusOr<AdoptedKv> KvTransfers::Adopt(uint64_t id, int n_prompt) {
   absl::StatusOr<AdoptedKv> out;
   Pending pending;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     std::shared_ptr<Transfer> t = Live(id);
     if (t == nullptr) return NotLive(id, false);
     if (t->state != TransferState::kComplete) {
@@ -335,7 +335,7 @@ absl::StatusOr<AdoptedKv> KvTransfers::Adopt(uint64_t id, int n_prompt) {
 bool KvTransfers::Cancel(uint64_t id, const std::string& why) {
   Pending pending;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     std::shared_ptr<Transfer> t = Live(id);
     if (t == nullptr) return false;
     End(t, TransferState::kCancelled,
@@ -350,7 +350,7 @@ bool KvTransfers::Cancel(uint64_t id, const std::string& why) {
 void KvTransfers::Shutdown() {
   Pending pending;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     reaper_wake_.Signal();
     std::vector<std::shared_ptr<Transfer>> all;
@@ -372,12 +372,12 @@ void KvTransfers::Shutdown() {
 }
 
 int KvTransfers::active() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return static_cast<int>(live_.size());
 }
 
 absl::StatusOr<TransferState> KvTransfers::state(uint64_t id) const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   if (std::shared_ptr<Transfer> t = Live(id)) return t->state;
   auto it = tombs_.find(id);
   if (it == tombs_.end()) return absl::NotFoundError(absl::StrCat("transfer ", id, " is unknown"));
@@ -408,7 +408,7 @@ void KvTransfers::Reaper() {
   while (true) {
     Pending pending;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (stop_) return;
       const absl::Time now = absl::Now();
       Sweep(now, pending);

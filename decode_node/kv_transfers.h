@@ -27,9 +27,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/kv/kv_layout.h"
+#include "common/util/mutex.h"
 #include "decode_node/decode_engine.h"
 #include "tripod/v1/kv_chunk.pb.h"
 
@@ -168,9 +168,9 @@ class KvTransfers {
   const ReleaseFn release_;
   const EndFn on_end_;
 
-  mutable absl::Mutex mu_;
-  absl::CondVar changed_;      // a transfer completed or ended (AwaitComplete)
-  absl::CondVar reaper_wake_;  // an earlier deadline, or stop
+  mutable Mutex mu_;
+  CondVar changed_;      // a transfer completed or ended (AwaitComplete)
+  CondVar reaper_wake_;  // an earlier deadline, or stop
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> live_ ABSL_GUARDED_BY(mu_);
   std::set<std::pair<absl::Time, uint64_t>> deadlines_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Tombstone> tombs_ ABSL_GUARDED_BY(mu_);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/util/mutex.h"
 
 namespace tripod::metrics {
 namespace {
@@ -176,7 +176,7 @@ struct HttpEndpoint::Impl {
   int port = 0;
   std::vector<std::weak_ptr<Session>> sessions;  // touched on the I/O thread only
   std::thread thread;
-  absl::Mutex stop_mu;
+  Mutex stop_mu;
   bool stopped ABSL_GUARDED_BY(stop_mu) = false;
 
   void Accept() {
@@ -271,7 +271,7 @@ HttpEndpoint::~HttpEndpoint() { Stop(); }
 int HttpEndpoint::port() const { return impl_->port; }
 
 void HttpEndpoint::Stop() {
-  absl::MutexLock lock(&impl_->stop_mu);
+  MutexLock lock(&impl_->stop_mu);
   if (impl_->stopped) return;
   impl_->stopped = true;
   Impl* impl = impl_.get();

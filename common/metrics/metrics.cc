@@ -274,7 +274,7 @@ Registry::Series& Registry::GetSeries(Family& family, const Labels& labels) {
 
 Counter& Registry::AddCounter(const std::string& name, const std::string& help,
                               const Labels& labels) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Series& s = GetSeries(GetFamily(name, help, Kind::kCounter, nullptr), labels);
   if (s.fn) Die(absl::StrCat(name, LabelsDebugString(labels), " is a callback counter"));
   if (!s.counter) s.counter = std::make_unique<Counter>();
@@ -282,7 +282,7 @@ Counter& Registry::AddCounter(const std::string& name, const std::string& help,
 }
 
 Gauge& Registry::AddGauge(const std::string& name, const std::string& help, const Labels& labels) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Series& s = GetSeries(GetFamily(name, help, Kind::kGauge, nullptr), labels);
   if (s.fn) Die(absl::StrCat(name, LabelsDebugString(labels), " is a callback gauge"));
   if (!s.gauge) s.gauge = std::make_unique<Gauge>();
@@ -294,7 +294,7 @@ Histogram& Registry::AddHistogram(const std::string& name, const std::string& he
   // The constructor validates and normalises the bounds (a trailing +Inf dropped) before they
   // are compared with the family's.
   auto h = std::make_unique<Histogram>(std::move(upper_bounds));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Series& s = GetSeries(GetFamily(name, help, Kind::kHistogram, &h->upper_bounds()), labels);
   if (!s.histogram) s.histogram = std::move(h);
   return *s.histogram;
@@ -303,7 +303,7 @@ Histogram& Registry::AddHistogram(const std::string& name, const std::string& he
 void Registry::AddCallback(const std::string& name, const std::string& help, Kind kind,
                            const Labels& labels, std::function<double()> fn) {
   if (!fn) Die(absl::StrCat("callback metric ", name, " has no function"));
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Series& s = GetSeries(GetFamily(name, help, kind, nullptr), labels);
   if (s.counter || s.gauge) {
     Die(absl::StrCat(name, LabelsDebugString(labels), " is already a plain ",
@@ -351,7 +351,7 @@ void Registry::AddProcessMetrics() {
 }
 
 std::string Registry::Exposition() const {
-  absl::ReaderMutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::string out;
   for (const std::unique_ptr<Family>& f : families_) {
     absl::StrAppend(&out, "# HELP ", f->name, " ");

@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
+#include "common/util/mutex.h"
 
 namespace tripod::metrics {
 
@@ -108,7 +108,7 @@ class Registry {
   void AddCallback(const std::string& name, const std::string& help, Kind kind,
                    const Labels& labels, std::function<double()> fn);
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);
 };
 

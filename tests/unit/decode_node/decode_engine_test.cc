@@ -18,6 +18,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/model/chat_template.h"
+#include "common/util/mutex.h"
 #include "common/util/thread_pool.h"
 #include "tests/unit/test_model.h"
 
@@ -55,6 +56,19 @@ struct Stream {
   std::string text;
   FinishReason finish = FinishReason::kNone;
 };
+
+// Polls until `count` (guarded by mu) reaches `want`; false after `timeout`.
+bool WaitForCount(Mutex& mu, const int& count, int want, absl::Duration timeout) {
+  const absl::Time until = absl::Now() + timeout;
+  while (absl::Now() < until) {
+    {
+      MutexLock lock(&mu);
+      if (count == want) return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
 
 DecodeRequest Greedy(std::vector<int32_t> prompt, int max_tokens, Stream* out) {
   DecodeRequest r;
@@ -382,14 +396,14 @@ TEST_F(DecodeEngineTest, BackgroundLoopCancelsFromAnotherThread) {
   auto e = NewEngine(Options());
   ASSERT_NE(e, nullptr);
   e->Start();
-  absl::Mutex mu;
+  Mutex mu;
   int done = 0;
   std::deque<Stream> streams(3);
   auto submit = [&](int i, int max_tokens) {
     DecodeRequest r = Greedy(RandomPrompt(kLengths[i], 100 + i), max_tokens, &streams[i]);
     TokenCallback inner = r.on_event;
     r.on_event = [inner, &mu, &done](const TokenEvent& ev) {
-      absl::MutexLock lock(&mu);  // the stream is read by the test thread
+      MutexLock lock(&mu);  // the stream is read by the test thread
       inner(ev);
       if (ev.finish != FinishReason::kNone) ++done;
     };
@@ -402,7 +416,7 @@ TEST_F(DecodeEngineTest, BackgroundLoopCancelsFromAnotherThread) {
     long_id = submit(2, 1000);  // long enough to be running when cancelled
     for (;;) {
       {
-        absl::MutexLock lock(&mu);
+        MutexLock lock(&mu);
         if (!streams[2].tokens.empty()) break;
       }
       absl::SleepFor(absl::Milliseconds(1));
@@ -420,13 +434,9 @@ TEST_F(DecodeEngineTest, BackgroundLoopCancelsFromAnotherThread) {
   });
   canceller.join();
   others.join();
-  {
-    absl::MutexLock lock(&mu);
-    auto all_done = [&done] { return done == 3; };
-    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(120)));
-  }
+  EXPECT_TRUE(WaitForCount(mu, done, 3, absl::Seconds(120)));
   e->Stop();
-  absl::MutexLock lock(&mu);
+  MutexLock lock(&mu);
   EXPECT_EQ(streams[2].finish, FinishReason::kCancelled);
   EXPECT_LT(streams[2].tokens.size(), 1000u);
   for (int i = 0; i < 2; ++i) {
@@ -442,7 +452,7 @@ TEST_F(DecodeEngineTest, BackgroundLoopServesConcurrentSubmitters) {
   ASSERT_NE(e, nullptr);
   e->Start();
   std::deque<Stream> streams(3);
-  absl::Mutex mu;
+  Mutex mu;
   int done = 0;
   std::vector<std::thread> clients;
   for (int i = 0; i < 3; ++i) {
@@ -452,7 +462,7 @@ TEST_F(DecodeEngineTest, BackgroundLoopServesConcurrentSubmitters) {
       r.on_event = [inner, &mu, &done](const TokenEvent& ev) {
         inner(ev);
         if (ev.finish != FinishReason::kNone) {
-          absl::MutexLock lock(&mu);
+          MutexLock lock(&mu);
           ++done;
         }
       };
@@ -460,11 +470,7 @@ TEST_F(DecodeEngineTest, BackgroundLoopServesConcurrentSubmitters) {
     });
   }
   for (auto& t : clients) t.join();
-  {
-    absl::MutexLock lock(&mu);
-    auto all_done = [&done] { return done == 3; };
-    mu.AwaitWithTimeout(absl::Condition(&all_done), absl::Seconds(120));
-  }
+  EXPECT_TRUE(WaitForCount(mu, done, 3, absl::Seconds(120)));
   e->Stop();
   for (int i = 0; i < 3; ++i) EXPECT_EQ(streams[i].tokens, ref[i]);
 }

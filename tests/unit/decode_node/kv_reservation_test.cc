@@ -12,11 +12,11 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "common/util/mutex.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "tests/unit/test_model.h"
@@ -350,7 +350,7 @@ TEST_F(KvReservationTest, ReservationsFromOtherThreadsWhileTheLoopRuns) {
   writer.join();
   e->ReleaseKv(spare->kv_seq);
 
-  absl::Mutex mu;
+  Mutex mu;
   bool done = false;
   Stream adopted;
   DecodeRequest req = Greedy(prompt, kNew, &adopted);
@@ -358,19 +358,27 @@ TEST_F(KvReservationTest, ReservationsFromOtherThreadsWhileTheLoopRuns) {
   req.on_event = [&, inner](const TokenEvent& ev) {
     inner(ev);
     if (ev.finish != FinishReason::kNone) {
-      absl::MutexLock lock(&mu);
+      MutexLock lock(&mu);
       done = true;
     }
   };
   req.reserved_kv_seq = r->kv_seq;
   req.reserved_slots = snap.n_slots;
   ASSERT_TRUE(e->Submit(std::move(req)).ok());
-  {
-    absl::MutexLock lock(&mu);
-    EXPECT_TRUE(mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(120)));
-  }
   const absl::Time until = absl::Now() + absl::Seconds(120);
-  while (!e->idle() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  for (bool finished = false; !finished && absl::Now() < until;) {
+    {
+      MutexLock lock(&mu);
+      finished = done;
+    }
+    if (!finished) absl::SleepFor(absl::Milliseconds(1));
+  }
+  {
+    MutexLock lock(&mu);
+    EXPECT_TRUE(done) << "no finish event within 120 s";
+  }
+  const absl::Time idle_until = absl::Now() + absl::Seconds(120);
+  while (!e->idle() && absl::Now() < idle_until) absl::SleepFor(absl::Milliseconds(5));
   e->Stop();
   EXPECT_EQ(adopted.tokens, local.tokens);
   for (const Stream& s : busy) EXPECT_EQ(s.finish, FinishReason::kLength);

@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/rpc/kv_chunk_codec.h"
+#include "common/util/mutex.h"
 
 namespace tripod {
 namespace {
@@ -44,19 +44,19 @@ class KvTransfersTest : public ::testing::Test {
     transfers_ = std::make_unique<KvTransfers>(
         o, kLayout,
         [this](int32_t kv) {
-          absl::MutexLock lock(&mu_);
+          MutexLock lock(&mu_);
           released_.push_back(kv);
           cache_->FreeSequence(kv);  // the release runs on the reaper's thread too
         },
         [this](const TransferEnd& e) {
-          absl::MutexLock lock(&mu_);
+          MutexLock lock(&mu_);
           ends_.push_back(e);
         });
   }
 
   // What DecodeEngine::ReserveKv makes: a sequence with room for n_slots + 1 and its view.
   KvReservation Reserve(int n_slots) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     KvReservation r;
     r.kv_seq = cache_->NewSequence(1);
     EXPECT_TRUE(cache_->EnsureCapacity(r.kv_seq, n_slots + 1));
@@ -118,15 +118,15 @@ class KvTransfersTest : public ::testing::Test {
   }
 
   std::vector<int32_t> Released() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return released_;
   }
   std::vector<TransferEnd> Ends() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return ends_;
   }
   int FreeBlocks() {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return cache_->num_free_blocks();
   }
   // Waits (bounded) until `n` reservations were released.
@@ -144,7 +144,7 @@ class KvTransfersTest : public ::testing::Test {
     return s.ok() ? *s : TransferState::kFailed;
   }
 
-  absl::Mutex mu_;
+  Mutex mu_;
   std::unique_ptr<PagedKvCache> cache_;
   std::vector<int32_t> released_;
   std::vector<TransferEnd> ends_;
@@ -197,7 +197,7 @@ TEST_F(KvTransfersTest, CompleteTransferIsAdoptedWithItsData) {
   EXPECT_EQ(transfers_->active(), 0);
   EXPECT_TRUE(Released().empty());  // the blocks are the adopter's now
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     for (int l = 0; l < kLayout.n_layers; ++l) {
       const KvLayerRef dst = cache_->Layer(a->kv_seq, l), from = src->Layer(0, l);
       for (int h = 0; h < kLayout.n_kv_heads; ++h) {

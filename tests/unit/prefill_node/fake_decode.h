@@ -15,6 +15,7 @@
 #include "common/kv/kv_snapshot.h"
 #include "common/rpc/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
+#include "common/util/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "tripod/v1/decode.grpc.pb.h"
 
@@ -135,7 +136,7 @@ class FakeDecode final : public v1::Decode::Service {
   std::unique_ptr<ContiguousKvCache> cache_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
-  std::mutex mu_;  // std::mutex, not absl::Mutex, so that TSan sees it (cancel_token.h)
+  std::mutex mu_;  // std::mutex, not Mutex, so that TSan sees it (cancel_token.h)
   std::condition_variable cv_;
   // Guarded by mu_:
   Behavior behavior_;
