@@ -124,6 +124,8 @@ v1::HealthResponse PrefillService::HealthNow() const {
   const PrefillEngine& engine = worker_.engine();
   h.set_plan_key(engine.plan().KvKey());
   h.set_plan(engine.plan().DebugString());
+  h.set_full_weights(engine.full_weights());
+  for (int layer : engine.skipped_layers()) h.add_skipped_layers(layer);
   h.set_kv_dtype(KvDtypeToWire(engine.kv_dtype()));
   const PrefillQueue& queue = worker_.queue();
   h.set_queued(queue.queued());

@@ -13,12 +13,9 @@
 #include "common/compute/forward.h"
 #include "common/compute/model.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "common/model/bundled_model.h"
 
 namespace tripod {
-
-// The bundled model: models/SmolLM2-135M-Instruct.Q4_1.gguf under the working directory, above
-// the running binary (build/<preset>/...), or in the source tree this was built from.
-std::string BundledModelPath();
 
 struct SessionOptions {
   std::string model_path;          // empty: BundledModelPath()

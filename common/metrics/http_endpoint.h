@@ -1,10 +1,10 @@
 // The HTTP port beside every worker's gRPC port: GET /health (JSON, 200 when ready, 503 when
-// not) and GET /metrics (the registry's exposition). Boost.Beast on one asynchronous I/O thread:
-// scrapes and probes are few, and nothing here may block a compute or gRPC thread. Anything else
-// gets 404 (unknown path) or 405 (other methods, with Allow: GET). Requests are bounded: a header
-// over 8 KiB gets 431, a body over 1 KiB (these endpoints take none) 413, a malformed request
-// 400, and each closes the connection. Keep-alive is supported; a connection that has not sent a
-// whole request within the idle timeout (30 s) is closed, so a slow client cannot hold it.
+// not) and GET /metrics (the registry's exposition). Served by common/http's HttpServer on one I/O
+// thread: scrapes and probes are few, and nothing here may block a compute or gRPC thread. Anything
+// else gets 404 (unknown path) or 405 (other methods, with Allow: GET). Requests are bounded: a
+// header over 8 KiB gets 431, a body over 1 KiB (these endpoints take none) 413, a malformed
+// request 400, and each closes the connection. Keep-alive is supported; a connection that has not
+// sent a whole request within the idle timeout (30 s) is closed, so a slow client cannot hold it.
 #pragma once
 
 #include <chrono>

@@ -51,6 +51,8 @@ def _generate_stubs():
 
 _generate_stubs()
 from tripod.v1 import common_pb2 as pb  # noqa: E402
+from tripod.v1 import completion_pb2 as cpb  # noqa: E402
+from tripod.v1 import completion_pb2_grpc as cgrpc  # noqa: E402
 from tripod.v1 import decode_pb2 as dpb  # noqa: E402
 from tripod.v1 import decode_pb2_grpc as dgrpc  # noqa: E402
 from tripod.v1 import kv_chunk_pb2 as kpb  # noqa: E402
@@ -60,7 +62,7 @@ from tripod.v1 import prefill_pb2_grpc as pgrpc  # noqa: E402
 
 def binary(name):
   env = {"prefill": "TRIPOD_PREFILL_BIN", "decode": "TRIPOD_DECODE_BIN", "tripod": "TRIPOD_BIN",
-         "tokenize": "TRIPOD_TOKENIZE_BIN"}[name]
+         "tokenize": "TRIPOD_TOKENIZE_BIN", "scheduler": "TRIPOD_SCHEDULER_BIN"}[name]
   path = os.environ.get(env)
   if not path or not os.access(path, os.X_OK):
     raise RuntimeError(f"{env} is not set to an executable; run these tests through ctest")
@@ -77,7 +79,8 @@ def _reap_all():
 
 
 class Worker:
-  """One worker process (tripod-prefill or tripod-decode) with its stub and HTTP port."""
+  """One process (tripod-prefill, tripod-decode or tripod-scheduler) with its stub and HTTP
+  port."""
 
   def __init__(self, role, args, name=None, env=None, netns=None, connect=True):
     self.role = role
@@ -113,7 +116,9 @@ class Worker:
       return
     self.channel = grpc.insecure_channel(self.address, options=[
         ("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)])
-    self.stub = (pgrpc.PrefillStub if role == "prefill" else dgrpc.DecodeStub)(self.channel)
+    self.stub = {"prefill": pgrpc.PrefillStub, "decode": dgrpc.DecodeStub,
+                 "scheduler": cgrpc.CompletionStub}[role](self.channel)
+    self.url = f"http://{self.host}:{self.http_port}"
 
   def _wait_ports(self):
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -139,12 +144,23 @@ class Worker:
 
   def http_get(self, path, timeout=10):
     """(status, body) of GET http://host:http_port/path."""
+    return self.http("GET", path, timeout=timeout)[:2]
+
+  def http(self, method, path, body=None, headers=None, timeout=60):
+    """(status, body text, headers) of one HTTP request; body: bytes, str or a JSON value."""
     url = f"http://{self.host}:{self.http_port}{path}"
+    hdrs = dict(headers or {})
+    if body is not None and not isinstance(body, (bytes, str)):
+      body = json.dumps(body)
+      hdrs.setdefault("Content-Type", "application/json")
+    if isinstance(body, str):
+      body = body.encode()
+    req = urllib.request.Request(url, data=body, method=method, headers=hdrs)
     try:
-      with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.status, r.read().decode()
+      with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.read().decode(), dict(r.headers)
     except urllib.error.HTTPError as e:
-      return e.code, e.read().decode()
+      return e.code, e.read().decode(), dict(e.headers)
 
   def signal(self, sig):
     if self.proc.poll() is None:
@@ -215,6 +231,22 @@ class Cluster:
     name = args.pop("name", None)
     w = Worker("decode", args, name=name)
     self.workers.append(w)
+    return w
+
+  def scheduler(self, prefill=(), decode=(), wait_ready=True, **args):
+    """A tripod-scheduler routing to these workers (Worker objects or host:port strings); by
+    default waits until its /health is 200 (a decode worker in routing)."""
+    name = args.pop("name", None)
+    addr = lambda ws: ",".join(w if isinstance(w, str) else w.address for w in ws)
+    if prefill:
+      args["prefill"] = addr(prefill)
+    if decode:
+      args["decode"] = addr(decode)
+    args.setdefault("health_interval_ms", 500)
+    w = Worker("scheduler", args, name=name)
+    self.workers.append(w)
+    if wait_ready:
+      wait_until(lambda: w.http_get("/health")[0] == 200, 60, "scheduler ready")
     return w
 
 

@@ -1,0 +1,12 @@
+// Where the bundled model (SmolLM2-135M-Instruct, fetched by scripts/setup) lives: models/ under
+// the working directory, else under the directories above the running binary (build/<preset>/),
+// else under the source tree the binary was built from.
+#pragma once
+
+#include <string>
+
+namespace tripod {
+
+std::string BundledModelPath();
+
+}  // namespace tripod

@@ -1,0 +1,68 @@
+// A client's completion request as the scheduler works with it, whichever door it came in by
+// (HTTP /v1/completions, /v1/chat/completions, or gRPC Completion), and the error shape every
+// door answers with. Parsing and validation live in openai_request.h; this is the contract
+// between the front ends and the request lifecycle.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/model/chat_template.h"
+#include "common/model/sampler.h"
+
+namespace tripod::scheduler {
+
+enum class ApiKind {
+  kCompletion,      // /v1/completions: prompt -> text
+  kChatCompletion,  // /v1/chat/completions: messages -> assistant message
+};
+
+// An OpenAI-shaped error: {"error":{"message","type","param","code"}} with an HTTP status.
+struct ApiError {
+  int http_status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";  // or "authentication_error", "not_found_error",
+                                               // "rate_limit_error", "server_error", ...
+  std::string param;                           // the offending field; empty: null
+  std::string code;                            // short machine-readable code; empty: null
+};
+
+// Which POP plan the prefill worker runs (the request's tripod.pop).
+struct PopChoice {
+  enum class Kind { kDefault, kOff, kOn, kRatio };
+  Kind kind = Kind::kDefault;  // kDefault: the scheduler's --pop
+  std::string ratio;           // kRatio: "1/3", "0.25" (validated: 0 <= ratio < 1)
+};
+
+struct CompletionRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;  // as the client named it (checked against the served names)
+
+  // The input: exactly one is set by the parser.
+  std::string prompt_text;          // kCompletion, prompt given as text
+  std::vector<int32_t> prompt_ids;  // kCompletion, prompt given as token ids
+  bool prompt_is_ids = false;
+  std::vector<ChatMessage> messages;  // kChatCompletion
+
+  // Generated tokens at most; -1: not given (the lifecycle uses context - prompt).
+  int max_tokens = -1;
+  SamplingParams sampling;  // temperature default 1 as OpenAI's; top_logprobs below
+  bool has_seed = false;    // sampling.seed came from the client; else the lifecycle draws one
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+
+  // Log-probabilities: completions' `logprobs: k` or chat's `logprobs: true` + `top_logprobs: k`.
+  bool logprobs = false;  // report the sampled token's log-probability (sampling.top_logprobs:
+                          // how many alternatives)
+  std::string user;
+
+  PopChoice pop;
+  std::string method;  // draft method (the draft issue); empty: none
+  int budget = 0;
+};
+
+}  // namespace tripod::scheduler

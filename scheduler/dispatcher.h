@@ -1,0 +1,112 @@
+// The scheduler's core: admission (a bounded number of requests at the workers, a bounded queue
+// behind them, 429 past it) and each request's path through the workers (request_call.h). The
+// front ends (HTTP, gRPC) hand it tokenized, validated requests and get tokens and one end back;
+// it knows nothing of HTTP or JSON.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/model/sampler.h"
+#include "common/util/mutex.h"
+#include "scheduler/completion_events.h"
+#include "scheduler/completion_request.h"
+#include "scheduler/scheduler_metrics.h"
+#include "scheduler/worker_registry.h"
+
+namespace tripod::scheduler {
+
+// A request ready to run: tokenized and checked against the context.
+struct PreparedRequest {
+  std::vector<int32_t> prompt;
+  int max_tokens = 16;
+  SamplingParams sampling;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  PopChoice pop;
+};
+
+// Called from gRPC's threads, one call at a time per request, in order: tokens, then exactly
+// one of on_end / on_error (unless the request was cancelled by its client: then maybe none
+// more). The callbacks must not block.
+struct RequestCallbacks {
+  std::function<void(const GeneratedToken&)> on_token;
+  std::function<void(const CompletionEnd&)> on_end;
+  std::function<void(const ApiError&)> on_error;
+};
+
+class Call;
+
+// What a front end holds while its request runs.
+class RequestHandle {
+ public:
+  explicit RequestHandle(std::shared_ptr<Call> call) : call_(std::move(call)) {}
+  // The client went away: the request is cancelled on every worker holding it and nothing more
+  // is reported. Idempotent, any thread.
+  void Cancel();
+
+ private:
+  std::shared_ptr<Call> call_;
+};
+
+struct DispatcherOptions {
+  int max_inflight = 256;  // requests at the workers at once
+  int max_queue = 1024;    // waiting behind them; past this: 429
+  // Prompts shorter than this go straight to a decode worker, which prefills them itself.
+  int direct_prefill_tokens = 32;
+  std::string default_pop;     // POP ratio for requests that name none; empty: the workers' own
+  std::string pop_on = "1/3";  // what `"pop": "on"` means when --pop is empty
+  std::chrono::milliseconds reserve_timeout{10000};
+  std::chrono::milliseconds prefill_timeout{600000};
+  int retry_after_s = 1;  // the Retry-After of a 429
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(WorkerRegistry& registry, SchedulerMetrics* metrics, DispatcherOptions options);
+  ~Dispatcher();  // Shutdown()
+
+  // Starts the request now, queues it, or refuses it (nullptr, *error set: 429 when the queue
+  // is full, 503 when no decode worker is in routing).
+  std::shared_ptr<RequestHandle> Submit(PreparedRequest request, RequestCallbacks callbacks,
+                                        ApiError* error);
+
+  int running() const;
+  int waiting() const;
+  // Refuses new requests (503) while those accepted run on; WaitIdle waits (bounded) for them.
+  void StartDraining();
+  bool draining() const;
+  bool WaitIdle(std::chrono::milliseconds timeout);
+  // Ends every request (queued ones with 503, running ones cancelled on their workers) and
+  // waits (bounded) for their gRPC calls to finish.
+  void Shutdown(std::chrono::milliseconds wait);
+
+  const DispatcherOptions& options() const { return options_; }
+  WorkerRegistry& registry() { return registry_; }
+  SchedulerMetrics* metrics() { return metrics_; }
+
+ private:
+  friend class Call;
+  // A running call ended (or a queued one was cancelled): admit the next.
+  void CallDone(Call* call);
+  void CancelQueued(Call* call);
+
+  WorkerRegistry& registry_;
+  SchedulerMetrics* metrics_;
+  const DispatcherOptions options_;
+  mutable Mutex mu_;
+  CondVar idle_cv_;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<std::shared_ptr<Call>> queue_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<Call*, std::weak_ptr<Call>> live_ ABSL_GUARDED_BY(mu_);  // running
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace tripod::scheduler

@@ -1,0 +1,252 @@
+#include "scheduler/http_api.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/openai_json.h"
+#include "scheduler/openai_request.h"
+#include "scheduler/openai_response.h"
+#include "scheduler/openai_tokens.h"
+#include "scheduler/request_preparation.h"
+
+namespace tripod::scheduler {
+namespace {
+
+using http::HttpExchange;
+using http::HttpResponse;
+
+HttpResponse ErrorResponse(const ApiError& e, int retry_after_s = 0) {
+  HttpResponse r;
+  r.status = e.http_status;
+  r.body = ErrorBody(e);
+  if (e.http_status == 429 || (e.http_status == 503 && retry_after_s > 0)) {
+    r.headers.emplace_back("Retry-After", absl::StrCat(std::max(1, retry_after_s)));
+  }
+  if (e.http_status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
+}
+
+void RespondError(HttpExchange& ex, const ApiError& e, int retry_after_s = 0) {
+  ex.Respond(ErrorResponse(e, retry_after_s));
+}
+
+HttpResponse JsonResponse(std::string body) {
+  HttpResponse r;
+  r.body = std::move(body);
+  return r;
+}
+
+// One completion's answer in progress. The dispatcher's callbacks for a request come one at a
+// time, from gRPC's threads (or the handler's own, for a request that ends at once).
+struct Answer {
+  std::shared_ptr<HttpExchange> exchange;
+  ResponseContext context;
+  const Tokenizer* tokenizer = nullptr;
+  bool stream = false;
+  std::unique_ptr<SseStream> sse;
+  Mutex mu;
+  bool headers_sent ABSL_GUARDED_BY(mu) = false;
+  std::vector<GeneratedToken> tokens ABSL_GUARDED_BY(mu);  // not streamed: the whole answer
+
+  // Streams: the headers and the role chunk go with the first piece.
+  void SendPiece(std::string piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!headers_sent) {
+      headers_sent = true;
+      exchange->StartStream();
+      exchange->Send(sse->Start());
+    }
+    exchange->Send(std::move(piece));
+  }
+
+  void OnToken(const GeneratedToken& t) {
+    MutexLock l(&mu);
+    if (!stream) {
+      tokens.push_back(t);
+      return;
+    }
+    const GeneratedToken one[] = {t};
+    std::string piece = sse->Tokens(one);
+    if (!piece.empty()) SendPiece(std::move(piece));
+  }
+
+  void OnEnd(const CompletionEnd& end) {
+    MutexLock l(&mu);
+    if (!stream) {
+      exchange->Respond(JsonResponse(CompletionResponseBody(context, tokens, end, *tokenizer)));
+      return;
+    }
+    SendPiece(sse->Finish(end));
+    exchange->End();
+  }
+
+  void OnError(const ApiError& e) {
+    MutexLock l(&mu);
+    if (!stream || !headers_sent) {
+      RespondError(*exchange, e);
+      return;
+    }
+    exchange->Send(SseErrorEvent(e));
+    exchange->End();
+  }
+};
+
+}  // namespace
+
+std::string HttpApi::HealthBody(bool* ready) const {
+  nlohmann::ordered_json j;
+  int decode_ok = 0, prefill_ok = 0;
+  nlohmann::ordered_json workers = nlohmann::ordered_json::array();
+  for (const auto& w : config_.dispatcher->registry().All()) {
+    const v1::HealthResponse h = w->last_health();
+    nlohmann::ordered_json wj;
+    wj["address"] = w->address();
+    wj["role"] = w->role() == v1::ROLE_PREFILL ? "prefill" : "decode";
+    wj["healthy"] = w->healthy();
+    if (!w->healthy()) wj["error"] = w->last_error();
+    wj["running"] = h.running();
+    wj["queued"] = h.queued();
+    if (w->role() == v1::ROLE_DECODE) {
+      wj["free_kv_blocks"] = h.free_kv_blocks();
+      wj["total_kv_blocks"] = h.total_kv_blocks();
+    }
+    wj["inflight"] = w->inflight();
+    workers.push_back(std::move(wj));
+    if (w->healthy()) (w->role() == v1::ROLE_DECODE ? decode_ok : prefill_ok)++;
+  }
+  const bool draining = config_.dispatcher->draining();
+  *ready = decode_ok > 0 && !draining;
+  j["status"] = draining ? "draining" : (*ready ? "ok" : "no_decode_worker");
+  j["model"] = config_.model->name;
+  j["running"] = config_.dispatcher->running();
+  j["waiting"] = config_.dispatcher->waiting();
+  j["healthy_prefill_workers"] = prefill_ok;
+  j["healthy_decode_workers"] = decode_ok;
+  j["workers"] = std::move(workers);
+  return DumpJson(j);
+}
+
+void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
+  const http::HttpRequest& req = ex->request();
+  const std::string& path = req.path;
+  struct Route {
+    const char* path;
+    const char* method;
+  };
+  static constexpr Route kRoutes[] = {
+      {"/health", "GET"},
+      {"/metrics", "GET"},
+      {"/v1/models", "GET"},
+      {"/v1/completions", "POST"},
+      {"/v1/chat/completions", "POST"},
+      {"/tokenize", "POST"},
+      {"/detokenize", "POST"},
+  };
+  const Route* route = nullptr;
+  for (const Route& r : kRoutes) {
+    if (path == r.path) route = &r;
+  }
+  if (route == nullptr) {
+    RespondError(*ex, ApiError{404, absl::StrCat("no such endpoint: ", req.method, " ", path),
+                               "invalid_request_error", "", "not_found"});
+    return;
+  }
+  if (req.method != route->method) {
+    HttpResponse r = ErrorResponse(ApiError{
+        405,
+        absl::StrCat("method ", req.method, " is not allowed on ", path, "; use ", route->method),
+        "invalid_request_error", "", "method_not_allowed"});
+    r.headers.emplace_back("Allow", route->method);
+    ex->Respond(std::move(r));
+    return;
+  }
+  if (path == "/health") {
+    bool ready = false;
+    HttpResponse r = JsonResponse(HealthBody(&ready));
+    r.status = ready ? 200 : 503;
+    ex->Respond(std::move(r));
+    return;
+  }
+  if (path == "/metrics") {
+    HttpResponse r;
+    r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    r.body = config_.registry->Exposition();
+    ex->Respond(std::move(r));
+    return;
+  }
+  if (std::optional<ApiError> denied = config_.keys->Check(req.Header("authorization"))) {
+    RespondError(*ex, *denied);
+    return;
+  }
+  if (path == "/v1/models") {
+    const ModelCard card{config_.model->name, config_.model->created,
+                         config_.model->identity.context_length};
+    ex->Respond(JsonResponse(ModelsListBody({&card, 1})));
+  } else if (path == "/v1/completions") {
+    Completion(std::move(ex), ApiKind::kCompletion);
+  } else if (path == "/v1/chat/completions") {
+    Completion(std::move(ex), ApiKind::kChatCompletion);
+  } else if (path == "/tokenize") {
+    Tokenize(ex);
+  } else if (path == "/detokenize") {
+    Detokenize(ex);
+  }
+}
+
+void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
+  ApiResult<CompletionRequest> parsed = ParseCompletionBody(ex->request().body, kind);
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);
+  const CompletionRequest& request = std::get<CompletionRequest>(parsed);
+  ApiResult<PreparedRequest> prepared = PrepareRequest(request, *config_.model);
+  if (const ApiError* e = std::get_if<ApiError>(&prepared)) return RespondError(*ex, *e);
+
+  auto answer = std::make_shared<Answer>();
+  answer->exchange = ex;
+  answer->context = MakeResponseContext(request, config_.model->name, config_.model->created);
+  answer->tokenizer = config_.model->tokenizer.get();
+  answer->stream = request.stream;
+  if (request.stream)
+    answer->sse = std::make_unique<SseStream>(answer->context, *answer->tokenizer);
+
+  RequestCallbacks callbacks;
+  callbacks.on_token = [answer](const GeneratedToken& t) { answer->OnToken(t); };
+  callbacks.on_end = [answer](const CompletionEnd& e) { answer->OnEnd(e); };
+  callbacks.on_error = [answer](const ApiError& e) { answer->OnError(e); };
+  ApiError refused;
+  std::shared_ptr<RequestHandle> handle = config_.dispatcher->Submit(
+      std::get<PreparedRequest>(std::move(prepared)), std::move(callbacks), &refused);
+  if (handle == nullptr) {
+    return RespondError(*ex, refused, config_.dispatcher->options().retry_after_s);
+  }
+  // A client that hangs up (before or during the answer) cancels the request everywhere.
+  ex->OnClose([handle] { handle->Cancel(); });
+}
+
+void HttpApi::Tokenize(const std::shared_ptr<HttpExchange>& ex) {
+  ApiResult<TokenizeRequest> parsed = ParseTokenizeBody(ex->request().body);
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);
+  const TokenizeRequest& r = std::get<TokenizeRequest>(parsed);
+  if (std::optional<ApiError> e = CheckModelName(r.model, *config_.model)) {
+    return RespondError(*ex, *e);
+  }
+  if (r.is_chat && !config_.model->chat_template.has_value()) {
+    return RespondError(*ex, InvalidRequest(config_.model->chat_template_error, "messages"));
+  }
+  const std::vector<int32_t> ids = scheduler::Tokenize(
+      r, *config_.model->tokenizer, config_.model->chat_template.value_or(ChatTemplate{}));
+  ex->Respond(JsonResponse(TokenizeResponseBody(ids, config_.model->identity.context_length)));
+}
+
+void HttpApi::Detokenize(const std::shared_ptr<HttpExchange>& ex) {
+  ApiResult<DetokenizeRequest> parsed =
+      ParseDetokenizeBody(ex->request().body, config_.model->tokenizer->vocab_size());
+  if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);
+  const DetokenizeRequest& r = std::get<DetokenizeRequest>(parsed);
+  if (std::optional<ApiError> e = CheckModelName(r.model, *config_.model)) {
+    return RespondError(*ex, *e);
+  }
+  ex->Respond(JsonResponse(DetokenizeResponseBody(r, *config_.model->tokenizer)));
+}
+
+}  // namespace tripod::scheduler

@@ -1,0 +1,475 @@
+#include "scheduler/openai_request.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace tripod::scheduler {
+namespace {
+
+using nlohmann::json;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Every request field as it arrived (unset: absent or null), before any range check. The JSON
+// and proto paths each fill one (checking types, which only JSON needs); BuildRequest then checks
+// ranges and cross-field rules once for both.
+struct RawRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  bool model_required = true;
+  std::string model;
+  bool has_input = false;
+  PromptInput prompt;
+  std::string prompt_param = "prompt";
+  std::vector<ChatMessage> messages;
+  std::optional<int64_t> max_tokens;
+  std::string max_tokens_param = "max_tokens";
+  std::optional<double> temperature, top_p, min_p, repetition_penalty, presence_penalty,
+      frequency_penalty;
+  std::optional<int64_t> top_k, n, best_of, budget;
+  std::vector<std::string> stop;
+  std::optional<uint64_t> seed;
+  bool logprobs = false;
+  std::optional<int64_t> top_logprobs;
+  std::string top_logprobs_param = "logprobs";
+  bool ignore_eos = false;
+  bool stream = false;
+  bool include_usage = false;
+  std::string user;
+  std::string pop;
+  std::string method;
+};
+
+#define API_RETURN_IF_ERROR(expr)                        \
+  do {                                                   \
+    std::optional<ApiError> api_err = (expr);            \
+    if (api_err.has_value()) return *std::move(api_err); \
+  } while (0)
+
+// A range as people write it: [lo, hi], (lo, hi], ...
+struct Range {
+  double lo;
+  bool lo_closed;
+  double hi;
+  bool hi_closed;
+};
+
+std::string FormatNumber(double v) { return absl::StrCat(v); }
+
+std::optional<ApiError> CheckRange(const std::string& param, const std::optional<double>& v,
+                                   Range r) {
+  if (!v.has_value()) return std::nullopt;
+  const double x = *v;
+  // Bounds are checked on the double; every bound but 0.01 is a float, so rounding to the
+  // sampler's float cannot cross one (top_p's underflow to 0 is handled by the caller).
+  if (std::isfinite(x) && (r.lo_closed ? x >= r.lo : x > r.lo) &&
+      (r.hi_closed ? x <= r.hi : x < r.hi)) {
+    return std::nullopt;
+  }
+  return InvalidRequest(
+      absl::StrCat("'", param, "' must be in ", r.lo_closed ? "[" : "(", FormatNumber(r.lo), ", ",
+                   FormatNumber(r.hi), r.hi_closed ? "]" : ")", ", got ", FormatNumber(x)),
+      param);
+}
+
+std::optional<ApiError> CheckIntRange(const std::string& param, const std::optional<int64_t>& v,
+                                      int64_t lo, int64_t hi) {
+  if (!v.has_value() || (*v >= lo && *v <= hi)) return std::nullopt;
+  return InvalidRequest(
+      absl::StrCat("'", param, "' must be an integer in [", lo, ", ", hi, "], got ", *v), param);
+}
+
+std::optional<ApiError> OnlyOne(const std::string& param, const std::optional<int64_t>& v) {
+  if (!v.has_value() || *v == 1) return std::nullopt;
+  return InvalidRequest(absl::StrCat("'", param, "' must be 1 (one completion per request is ",
+                                     "supported), got ", *v),
+                        param);
+}
+
+ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
+  CompletionRequest req;
+  req.kind = raw.kind;
+  if (raw.model_required && raw.model.empty()) {
+    return InvalidRequest("you must provide a model parameter ('model')", "model");
+  }
+  req.model = std::move(raw.model);
+
+  if (raw.kind == ApiKind::kChatCompletion) {
+    if (!raw.has_input) return InvalidRequest("'messages' is required", "messages");
+    API_RETURN_IF_ERROR(ValidateChatMessages(&raw.messages));
+    req.messages = std::move(raw.messages);
+  } else {
+    if (!raw.has_input) return InvalidRequest("'prompt' is required", "prompt");
+    if (raw.prompt.is_ids) {
+      if (raw.prompt.ids.empty()) {
+        return InvalidRequest(absl::StrCat("'", raw.prompt_param, "' must not be empty"),
+                              raw.prompt_param);
+      }
+      for (size_t i = 0; i < raw.prompt.ids.size(); ++i) {
+        if (raw.prompt.ids[i] < 0) {
+          return InvalidRequest(
+              absl::StrCat("'", raw.prompt_param, "[", i,
+                           "]' must be a token id (an integer >= 0), got ", raw.prompt.ids[i]),
+              raw.prompt_param);
+        }
+      }
+      req.prompt_is_ids = true;
+      req.prompt_ids = std::move(raw.prompt.ids);
+    } else {
+      if (raw.prompt.text.empty()) {
+        return InvalidRequest(absl::StrCat("'", raw.prompt_param, "' must not be empty"),
+                              raw.prompt_param);
+      }
+      req.prompt_text = std::move(raw.prompt.text);
+    }
+  }
+
+  API_RETURN_IF_ERROR(CheckIntRange(raw.max_tokens_param, raw.max_tokens, 1, kInt32Max));
+  req.max_tokens = raw.max_tokens.has_value() ? static_cast<int>(*raw.max_tokens) : -1;
+
+  API_RETURN_IF_ERROR(CheckRange("temperature", raw.temperature, {0, true, kMaxTemperature, true}));
+  // A positive top_p below the smallest float still means "keep the likeliest token"; rounding
+  // it to 0 would make it invalid.
+  if (raw.top_p && *raw.top_p > 0 && static_cast<float>(*raw.top_p) == 0.0f) {
+    raw.top_p = std::numeric_limits<float>::denorm_min();
+  }
+  API_RETURN_IF_ERROR(CheckRange("top_p", raw.top_p, {0, false, 1, true}));
+  API_RETURN_IF_ERROR(CheckIntRange("top_k", raw.top_k, -1, kInt32Max));
+  API_RETURN_IF_ERROR(CheckRange("min_p", raw.min_p, {0, true, 1, true}));
+  API_RETURN_IF_ERROR(CheckRange("repetition_penalty", raw.repetition_penalty,
+                                 {kMinRepetitionPenalty, true, kMaxRepetitionPenalty, true}));
+  API_RETURN_IF_ERROR(CheckRange("presence_penalty", raw.presence_penalty, {-2, true, 2, true}));
+  API_RETURN_IF_ERROR(CheckRange("frequency_penalty", raw.frequency_penalty, {-2, true, 2, true}));
+  API_RETURN_IF_ERROR(OnlyOne("n", raw.n));
+  API_RETURN_IF_ERROR(OnlyOne("best_of", raw.best_of));
+  API_RETURN_IF_ERROR(
+      CheckIntRange(raw.top_logprobs_param, raw.top_logprobs, 0, SamplingParams::kMaxTopLogprobs));
+
+  SamplingParams& s = req.sampling;
+  if (raw.temperature) s.temperature = static_cast<float>(*raw.temperature);
+  if (raw.top_p) s.top_p = static_cast<float>(*raw.top_p);
+  if (raw.top_k) s.top_k = *raw.top_k <= 0 ? 0 : static_cast<int>(*raw.top_k);  // -1, 0: off
+  if (raw.min_p) s.min_p = static_cast<float>(*raw.min_p);
+  if (raw.repetition_penalty) s.repetition_penalty = static_cast<float>(*raw.repetition_penalty);
+  if (raw.presence_penalty) s.presence_penalty = static_cast<float>(*raw.presence_penalty);
+  if (raw.frequency_penalty) s.frequency_penalty = static_cast<float>(*raw.frequency_penalty);
+  if (raw.seed) {
+    s.seed = *raw.seed;
+    req.has_seed = true;
+  }
+  req.logprobs = raw.logprobs;
+  if (raw.logprobs && raw.top_logprobs) s.top_logprobs = static_cast<int>(*raw.top_logprobs);
+  // A backstop: the checks above are at least as strict as Validate's.
+  if (absl::Status st = s.Validate(); !st.ok()) return InvalidRequest(std::string(st.message()));
+
+  if (raw.stop.size() > static_cast<size_t>(kMaxStops)) {
+    return InvalidRequest(absl::StrCat("'stop' holds ", raw.stop.size(), " sequences; at most ",
+                                       kMaxStops, " are allowed"),
+                          "stop");
+  }
+  for (size_t i = 0; i < raw.stop.size(); ++i) {
+    const size_t len = raw.stop[i].size();
+    if (len == 0 || len > static_cast<size_t>(kMaxStopBytes)) {
+      return InvalidRequest(
+          absl::StrCat("'stop[", i, "]' must be 1 to ", kMaxStopBytes, " bytes long, got ", len),
+          "stop");
+    }
+  }
+  req.stop = std::move(raw.stop);
+  req.ignore_eos = raw.ignore_eos;
+  req.stream = raw.stream;
+  req.include_usage = raw.include_usage;
+  req.user = std::move(raw.user);
+
+  ApiResult<PopChoice> pop = ParsePopChoice(raw.pop);
+  if (auto* e = std::get_if<ApiError>(&pop)) return *std::move(e);
+  req.pop = std::get<PopChoice>(std::move(pop));
+  const std::string method(absl::StripAsciiWhitespace(raw.method));
+  if (!method.empty() && method != "none") {
+    return InvalidRequest(
+        absl::StrCat("'tripod.method' \"", method,
+                     "\": draft methods are not available yet (use \"\" or \"none\")"),
+        "tripod.method");
+  }
+  API_RETURN_IF_ERROR(CheckIntRange("tripod.budget", raw.budget, 0, kInt32Max));
+  req.budget = raw.budget.has_value() ? static_cast<int>(*raw.budget) : 0;
+  return req;
+}
+
+// Fields only the HTTP API has that would change the answer if we ignored them: refused unless
+// they hold their no-op value.
+std::optional<ApiError> RefuseUnsupported(const json& body) {
+  std::optional<bool> echo;
+  API_RETURN_IF_ERROR(GetBool(body, "echo", &echo));
+  if (echo.value_or(false)) {
+    return InvalidRequest("'echo' is not supported (only false)", "echo");
+  }
+  std::optional<std::string> suffix;
+  API_RETURN_IF_ERROR(GetString(body, "suffix", &suffix));
+  if (suffix.has_value() && !suffix->empty()) {
+    return InvalidRequest("'suffix' is not supported (only empty)", "suffix");
+  }
+  for (const char* key : {"logit_bias", "tools", "functions"}) {
+    auto it = body.find(key);
+    if (it != body.end() && !it->is_null() && !it->empty()) {
+      return InvalidRequest(absl::StrCat("'", key, "' is not supported by this server"), key);
+    }
+  }
+  auto rf = body.find("response_format");
+  if (rf != body.end() && !rf->is_null()) {
+    const bool text = rf->is_object() && rf->contains("type") && (*rf)["type"] == "text";
+    if (!text) {
+      return InvalidRequest("'response_format' is not supported (only {\"type\": \"text\"})",
+                            "response_format");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStop(const json& body, std::vector<std::string>* out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    out->push_back(it->get<std::string>());
+    return std::nullopt;
+  }
+  if (it->is_array()) {
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& s = (*it)[i];
+      if (!s.is_string()) {
+        return InvalidRequest(absl::StrCat("'stop[", i, "]' must be a string"), "stop");
+      }
+      out->push_back(s.get<std::string>());
+    }
+    return std::nullopt;
+  }
+  return InvalidRequest("'stop' must be a string or a list of strings", "stop");
+}
+
+std::optional<ApiError> ParseSeed(const json& body, std::optional<uint64_t>* out) {
+  auto it = body.find("seed");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (it->is_number_unsigned()) {
+    *out = it->get<uint64_t>();
+    return std::nullopt;
+  }
+  int64_t v = 0;
+  if (!JsonToInt64(*it, &v)) {
+    return InvalidRequest(absl::StrCat("'seed' must be an integer in [-2^63, 2^64), got ",
+                                       it->is_number() ? it->dump() : it->type_name()),
+                          "seed");
+  }
+  *out = static_cast<uint64_t>(v);  // negative seeds wrap: any 64 bits make a seed
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseTripodObject(const json& body, RawRequest* raw) {
+  auto it = body.find("tripod");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return InvalidRequest("'tripod' must be an object", "tripod");
+  const json& t = *it;
+  auto pop = t.find("pop");
+  if (pop != t.end() && !pop->is_null()) {
+    if (pop->is_string()) {
+      raw->pop = pop->get<std::string>();
+    } else if (pop->is_number() && !pop->is_boolean()) {
+      // The shortest text that reads back as the same double ("0.25"), which the prefill worker
+      // parses like any ratio string.
+      const double r = pop->get<double>();
+      if (!std::isfinite(r)) {
+        return InvalidRequest("'tripod.pop' must be a finite number", "tripod.pop");
+      }
+      raw->pop = pop->dump();
+    } else {
+      return InvalidRequest(
+          "'tripod.pop' must be \"off\", \"on\", or a ratio in [0, 1) (\"1/3\", \"0.25\" or a "
+          "number)",
+          "tripod.pop");
+    }
+  }
+  std::optional<std::string> method;
+  API_RETURN_IF_ERROR(GetString(t, "method", &method, "tripod.method"));
+  raw->method = method.value_or("");
+  API_RETURN_IF_ERROR(GetInt(t, "budget", &raw->budget, "tripod.budget"));
+  return std::nullopt;
+}
+
+std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest* raw) {
+  raw->kind = kind;
+  std::optional<std::string> model;
+  API_RETURN_IF_ERROR(GetString(body, "model", &model));
+  raw->model = model.value_or("");
+
+  if (kind == ApiKind::kChatCompletion) {
+    auto it = body.find("messages");
+    if (it != body.end() && !it->is_null()) {
+      API_RETURN_IF_ERROR(ParseChatMessagesJson(*it, &raw->messages));
+      raw->has_input = true;
+    }
+  } else {
+    auto it = body.find("prompt");
+    if (it != body.end() && !it->is_null()) {
+      API_RETURN_IF_ERROR(ParsePromptJson(*it, &raw->prompt));
+      raw->has_input = true;
+    }
+  }
+
+  std::optional<int64_t> max_tokens, max_completion_tokens;
+  API_RETURN_IF_ERROR(GetInt(body, "max_tokens", &max_tokens));
+  API_RETURN_IF_ERROR(GetInt(body, "max_completion_tokens", &max_completion_tokens));
+  if (max_completion_tokens) {  // OpenAI: the newer name wins
+    raw->max_tokens = max_completion_tokens;
+    raw->max_tokens_param = "max_completion_tokens";
+  } else {
+    raw->max_tokens = max_tokens;
+  }
+
+  API_RETURN_IF_ERROR(GetNumber(body, "temperature", &raw->temperature));
+  API_RETURN_IF_ERROR(GetNumber(body, "top_p", &raw->top_p));
+  API_RETURN_IF_ERROR(GetInt(body, "top_k", &raw->top_k));
+  API_RETURN_IF_ERROR(GetNumber(body, "min_p", &raw->min_p));
+  API_RETURN_IF_ERROR(GetNumber(body, "repetition_penalty", &raw->repetition_penalty));
+  API_RETURN_IF_ERROR(GetNumber(body, "presence_penalty", &raw->presence_penalty));
+  API_RETURN_IF_ERROR(GetNumber(body, "frequency_penalty", &raw->frequency_penalty));
+  API_RETURN_IF_ERROR(ParseStop(body, &raw->stop));
+  API_RETURN_IF_ERROR(ParseSeed(body, &raw->seed));
+  API_RETURN_IF_ERROR(GetInt(body, "n", &raw->n));
+  API_RETURN_IF_ERROR(GetInt(body, "best_of", &raw->best_of));
+
+  if (kind == ApiKind::kChatCompletion) {
+    std::optional<bool> logprobs;
+    API_RETURN_IF_ERROR(GetBool(body, "logprobs", &logprobs));
+    raw->logprobs = logprobs.value_or(false);
+    API_RETURN_IF_ERROR(GetInt(body, "top_logprobs", &raw->top_logprobs));
+    raw->top_logprobs_param = "top_logprobs";
+    if (raw->top_logprobs.value_or(0) > 0 && !raw->logprobs) {
+      return InvalidRequest("'top_logprobs' needs 'logprobs' set to true", "top_logprobs");
+    }
+  } else {
+    API_RETURN_IF_ERROR(GetInt(body, "logprobs", &raw->top_logprobs));
+    raw->logprobs = raw->top_logprobs.has_value();
+  }
+
+  std::optional<bool> flag;
+  API_RETURN_IF_ERROR(GetBool(body, "ignore_eos", &flag));
+  raw->ignore_eos = flag.value_or(false);
+  flag.reset();
+  API_RETURN_IF_ERROR(GetBool(body, "stream", &flag));
+  raw->stream = flag.value_or(false);
+  auto so = body.find("stream_options");
+  if (so != body.end() && !so->is_null()) {
+    if (!so->is_object())
+      return InvalidRequest("'stream_options' must be an object", "stream_options");
+    if (!raw->stream) {
+      return InvalidRequest("'stream_options' is only allowed when 'stream' is true",
+                            "stream_options");
+    }
+    flag.reset();
+    API_RETURN_IF_ERROR(GetBool(*so, "include_usage", &flag, "stream_options.include_usage"));
+    raw->include_usage = flag.value_or(false);
+  }
+  std::optional<std::string> user;
+  API_RETURN_IF_ERROR(GetString(body, "user", &user));
+  raw->user = user.value_or("");
+  API_RETURN_IF_ERROR(RefuseUnsupported(body));
+  return ParseTripodObject(body, raw);
+}
+
+}  // namespace
+
+ApiResult<PopChoice> ParsePopChoice(std::string_view raw_text) {
+  PopChoice p;
+  const absl::string_view text =
+      absl::StripAsciiWhitespace(absl::string_view(raw_text.data(), raw_text.size()));
+  if (text.empty()) return p;
+  if (text == "off") {
+    p.kind = PopChoice::Kind::kOff;
+    return p;
+  }
+  if (text == "on") {
+    p.kind = PopChoice::Kind::kOn;
+    return p;
+  }
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, '/');
+  double num = 0, den = 1;
+  const bool parsed = parts.size() <= 2 && absl::SimpleAtod(parts[0], &num) &&
+                      (parts.size() == 1 || absl::SimpleAtod(parts[1], &den));
+  const double r = num / den;
+  if (!parsed || !std::isfinite(num) || !std::isfinite(den) || den == 0 || !(r >= 0 && r < 1)) {
+    return InvalidRequest(
+        absl::StrCat("'tripod.pop' must be \"off\", \"on\", or a ratio in [0, 1) ",
+                     "like \"1/3\" or \"0.25\", got \"", text, "\""),
+        "tripod.pop");
+  }
+  p.kind = PopChoice::Kind::kRatio;
+  p.ratio = std::string(text);
+  return p;
+}
+
+ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind kind) {
+  ApiResult<json> parsed = ParseJsonObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
+  RawRequest raw;
+  API_RETURN_IF_ERROR(FillFromJson(std::get<json>(parsed), kind, &raw));
+  return BuildRequest(std::move(raw));
+}
+
+ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& p) {
+  using Proto = tripod::v1::CompletionRequest;
+  RawRequest raw;
+  raw.model_required = false;  // gRPC: empty is the served model
+  raw.model = p.model();
+  switch (p.input_case()) {
+    case Proto::kPrompt:
+      raw.kind = ApiKind::kCompletion;
+      raw.prompt.text = p.prompt();
+      raw.has_input = true;
+      break;
+    case Proto::kPromptIds:
+      raw.kind = ApiKind::kCompletion;
+      raw.prompt.is_ids = true;
+      raw.prompt.ids.assign(p.prompt_ids().ids().begin(), p.prompt_ids().ids().end());
+      raw.prompt_param = "prompt_ids";
+      raw.has_input = true;
+      break;
+    case Proto::kMessages:
+      raw.kind = ApiKind::kChatCompletion;
+      for (const auto& m : p.messages().messages()) raw.messages.push_back({m.role(), m.content()});
+      raw.has_input = true;
+      break;
+    case Proto::INPUT_NOT_SET:
+      return InvalidRequest("one of 'prompt', 'prompt_ids' or 'messages' is required", "prompt");
+  }
+  if (p.has_max_tokens()) raw.max_tokens = p.max_tokens();
+  if (p.has_temperature()) raw.temperature = p.temperature();
+  if (p.has_top_p()) raw.top_p = p.top_p();
+  if (p.has_top_k()) raw.top_k = p.top_k();
+  if (p.has_min_p()) raw.min_p = p.min_p();
+  if (p.has_repetition_penalty()) raw.repetition_penalty = p.repetition_penalty();
+  if (p.has_presence_penalty()) raw.presence_penalty = p.presence_penalty();
+  if (p.has_frequency_penalty()) raw.frequency_penalty = p.frequency_penalty();
+  raw.stop.assign(p.stop().begin(), p.stop().end());
+  if (p.has_seed()) raw.seed = p.seed();
+  if (p.has_n()) raw.n = p.n();
+  if (p.has_logprobs()) {
+    raw.logprobs = true;
+    raw.top_logprobs = p.logprobs();
+  }
+  raw.ignore_eos = p.ignore_eos();
+  raw.user = p.user();
+  raw.pop = p.tripod().pop();
+  raw.method = p.tripod().method();
+  if (p.tripod().budget() != 0) raw.budget = p.tripod().budget();
+  return BuildRequest(std::move(raw));
+}
+
+}  // namespace tripod::scheduler

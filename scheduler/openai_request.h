@@ -1,0 +1,58 @@
+// Parsing and validation of completion requests: the HTTP bodies of /v1/completions and
+// /v1/chat/completions (as OpenAI's and vLLM's servers accept them) and the gRPC
+// tripod.v1.CompletionRequest, into one CompletionRequest. Both doors share one set of range
+// checks, so a value refused over HTTP is refused over gRPC with the same message and param.
+//
+// Accepted fields and limits (docs/openapi.yaml describes the same):
+//   model              string, required over HTTP (gRPC: empty = the served model)
+//   prompt             (completions) a string, [string], [ids], or [[ids]]; not empty
+//   messages           (chat) non-empty list of {role, content}; content a string or a list of
+//                      {"type":"text","text"} parts (concatenated); roles system, user, assistant,
+//                      developer (-> system); tool/function refused (no tool calling)
+//   max_tokens, max_completion_tokens   1..2^31-1 (both given: max_completion_tokens wins)
+//   temperature [0, 2]; top_p (0, 1] (below the smallest float: that float); top_k -1..2^31-1 (-1,
+//   0 = off); min_p [0, 1]; repetition_penalty [0.01, 100] (1 = off); presence_penalty,
+//   frequency_penalty [-2, 2] stop               a string or a list of at most kMaxStops strings
+//   of 1..kMaxStopBytes bytes seed               an integer in [-2^63, 2^64); negative seeds wrap
+//   to uint64. Absent: the
+//                      lifecycle draws one (has_seed false)
+//   n, best_of         only 1
+//   logprobs           completions: 0..20 (top tokens reported); chat: a boolean, with
+//                      top_logprobs 0..20 (which needs logprobs true)
+//   echo               only false; suffix only empty; logit_bias only empty; tools only empty;
+//                      response_format only {"type":"text"}: we would otherwise silently ignore
+//                      what the client asked for
+//   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos
+//   tripod             {"pop": "off" | "on" | "" | ratio ("1/3", "0.25", or a number) in [0, 1),
+//                       "method": "" | "none" (draft methods are not available yet),
+//                       "budget": 0..2^31-1}
+// Null counts as absent everywhere. Unknown fields are ignored, as OpenAI does.
+#pragma once
+
+#include <string_view>
+
+#include "scheduler/completion_request.h"
+#include "scheduler/openai_json.h"
+#include "tripod/v1/completion.pb.h"
+
+namespace tripod::scheduler {
+
+inline constexpr int kMaxStops = 16;
+inline constexpr int kMaxStopBytes = 256;
+inline constexpr double kMaxTemperature = 2.0;
+// vLLM takes any value > 0. Beyond these bounds a seen token is as good as banned (or forced)
+// already, and logit / penalty could overflow a float.
+inline constexpr double kMinRepetitionPenalty = 0.01;
+inline constexpr double kMaxRepetitionPenalty = 100.0;
+
+// An HTTP body of /v1/completions (kCompletion) or /v1/chat/completions (kChatCompletion).
+ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind kind);
+
+// A gRPC request. The input oneof decides the kind (messages: chat). Streaming is the RPC's
+// choice (Generate), so `stream` stays false here; the gRPC front end sets it.
+ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& proto);
+
+// "off", "on", "" (the scheduler's default), or a ratio in [0, 1) as "a" or "a/b".
+ApiResult<PopChoice> ParsePopChoice(std::string_view text);
+
+}  // namespace tripod::scheduler

@@ -1,0 +1,452 @@
+#include "scheduler/openai_response.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/openai_json.h"
+
+namespace tripod::scheduler {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// vLLM writes -inf log-probabilities as -9999.0: JSON has no infinity.
+double FiniteLogprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
+
+int64_t CodePoints(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+ojson Bytes(std::string_view s) {
+  ojson a = ojson::array();
+  for (unsigned char c : s) a.push_back(static_cast<int>(c));
+  return a;
+}
+
+ojson NullIfNegative(double v) { return v < 0 ? ojson() : ojson(v); }
+
+bool HasToken(const GeneratedToken& t) { return t.id >= 0; }
+
+size_t TopCount(const ResponseContext& ctx, const GeneratedToken& t) {
+  return std::min(t.top.size(), static_cast<size_t>(std::max(ctx.top_logprobs, 0)));
+}
+
+// Completions' logprobs object for these tokens; *offset advances over their text.
+ojson CompletionLogprobs(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                         const Tokenizer& tokenizer, int64_t* offset) {
+  ojson texts = ojson::array(), lps = ojson::array(), tops = ojson::array(),
+        offsets = ojson::array();
+  for (const GeneratedToken& t : tokens) {
+    if (HasToken(t)) {
+      texts.push_back(TokenPiece(tokenizer, t.id));
+      lps.push_back(FiniteLogprob(t.logprob));
+      ojson top = ojson::object();
+      for (size_t i = 0; i < TopCount(ctx, t); ++i) {
+        // Two ids may decode alike; the likelier (first) keeps the key.
+        const std::string piece = TokenPiece(tokenizer, t.top[i].id);
+        if (!top.contains(piece)) top[piece] = FiniteLogprob(t.top[i].logprob);
+      }
+      tops.push_back(std::move(top));
+      offsets.push_back(*offset);
+    }
+    *offset += CodePoints(t.text);
+  }
+  ojson out;
+  out["tokens"] = std::move(texts);
+  out["token_logprobs"] = std::move(lps);
+  out["top_logprobs"] = std::move(tops);
+  out["text_offset"] = std::move(offsets);
+  return out;
+}
+
+ojson ChatLogprobEntry(const std::string& piece, float logprob) {
+  ojson e;
+  e["token"] = piece;
+  e["logprob"] = FiniteLogprob(logprob);
+  e["bytes"] = Bytes(piece);
+  return e;
+}
+
+ojson ChatLogprobs(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                   const Tokenizer& tokenizer) {
+  ojson content = ojson::array();
+  for (const GeneratedToken& t : tokens) {
+    if (!HasToken(t)) continue;
+    ojson e = ChatLogprobEntry(TokenPiece(tokenizer, t.id), t.logprob);
+    ojson top = ojson::array();
+    for (size_t i = 0; i < TopCount(ctx, t); ++i) {
+      top.push_back(ChatLogprobEntry(TokenPiece(tokenizer, t.top[i].id), t.top[i].logprob));
+    }
+    e["top_logprobs"] = std::move(top);
+    content.push_back(std::move(e));
+  }
+  ojson out;
+  out["content"] = std::move(content);
+  return out;
+}
+
+std::string JoinText(std::span<const GeneratedToken> tokens) {
+  std::string text;
+  for (const GeneratedToken& t : tokens) text += t.text;
+  return text;
+}
+
+void FillProtoLogprobs(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                       const Tokenizer& tokenizer,
+                       google::protobuf::RepeatedPtrField<tripod::v1::TokenLogprob>* out) {
+  if (!ctx.logprobs) return;
+  for (const GeneratedToken& t : tokens) {
+    if (!HasToken(t)) continue;
+    tripod::v1::TokenLogprob* lp = out->Add();
+    lp->set_token(TokenPiece(tokenizer, t.id));
+    lp->set_id(t.id);
+    lp->set_logprob(t.logprob);
+    for (size_t i = 0; i < TopCount(ctx, t); ++i) {
+      tripod::v1::TopTokenLogprob* top = lp->add_top();
+      top->set_token(TokenPiece(tokenizer, t.top[i].id));
+      top->set_id(t.top[i].id);
+      top->set_logprob(t.top[i].logprob);
+    }
+  }
+}
+
+void FillProtoUsage(const UsageCounts& u, tripod::v1::CompletionUsage* out) {
+  out->set_prompt_tokens(u.prompt_tokens);
+  out->set_completion_tokens(u.completion_tokens);
+  out->set_total_tokens(u.prompt_tokens + u.completion_tokens);
+  out->set_cached_tokens(u.cached_tokens);
+}
+
+void FillProtoTiming(const StageTimes& t, tripod::v1::StageTiming* out) {
+  auto zero_if_absent = [](double v) { return v < 0 ? 0.0 : v; };
+  out->set_queue_s(zero_if_absent(t.queue_s));
+  out->set_draft_s(zero_if_absent(t.draft_s));
+  out->set_prefill_s(zero_if_absent(t.prefill_s));
+  out->set_transfer_s(zero_if_absent(t.transfer_s));
+  out->set_first_token_s(zero_if_absent(t.first_token_s));
+  out->set_decode_s(zero_if_absent(t.decode_s));
+  out->set_total_s(zero_if_absent(t.total_s));
+  out->set_route(t.route);
+}
+
+}  // namespace
+
+std::string NewResponseId(ApiKind kind) {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string id = kind == ApiKind::kChatCompletion ? "chatcmpl-" : "cmpl-";
+  for (int half = 0; half < 2; ++half) {
+    uint64_t bits = rng();
+    for (int i = 0; i < 16; ++i, bits >>= 4) id.push_back(kHex[bits & 0xF]);
+  }
+  return id;
+}
+
+ResponseContext MakeResponseContext(const CompletionRequest& request, std::string model,
+                                    int64_t created_unix_s) {
+  ResponseContext ctx;
+  ctx.kind = request.kind;
+  ctx.id = NewResponseId(request.kind);
+  ctx.model = std::move(model);
+  ctx.created = created_unix_s;
+  ctx.logprobs = request.logprobs;
+  ctx.top_logprobs = request.sampling.top_logprobs;
+  ctx.include_usage = request.include_usage;
+  return ctx;
+}
+
+std::string TokenPiece(const Tokenizer& tokenizer, int32_t id) {
+  const int32_t ids[1] = {id};
+  std::string one = tokenizer.Decode(ids);
+  if (tokenizer.kind() != TokenizerKind::kSentencePieceBpe) return one;
+  // Decode drops the leading space of the text's first piece; behind a copy of itself the piece
+  // keeps it, so the second copy is the piece as it appears mid-text.
+  const int32_t twice[2] = {id, id};
+  std::string two = tokenizer.Decode(twice);
+  return two.substr(std::min(one.size(), two.size()));
+}
+
+ojson UsageJson(const UsageCounts& usage) {
+  ojson u;
+  u["prompt_tokens"] = usage.prompt_tokens;
+  u["completion_tokens"] = usage.completion_tokens;
+  u["total_tokens"] = usage.prompt_tokens + usage.completion_tokens;
+  u["prompt_tokens_details"] = {{"cached_tokens", usage.cached_tokens}};
+  return u;
+}
+
+ojson TimingJson(const StageTimes& t) {
+  ojson j;
+  j["queue_s"] = NullIfNegative(t.queue_s);
+  j["draft_s"] = NullIfNegative(t.draft_s);
+  j["prefill_s"] = NullIfNegative(t.prefill_s);
+  j["transfer_s"] = NullIfNegative(t.transfer_s);
+  j["first_token_s"] = NullIfNegative(t.first_token_s);
+  j["decode_s"] = NullIfNegative(t.decode_s);
+  j["total_s"] = NullIfNegative(t.total_s);
+  j["route"] = t.route.empty() ? ojson() : ojson(t.route);
+  return j;
+}
+
+std::string CompletionResponseBody(const ResponseContext& ctx,
+                                   std::span<const GeneratedToken> tokens, const CompletionEnd& end,
+                                   const Tokenizer& tokenizer) {
+  const bool chat = ctx.kind == ApiKind::kChatCompletion;
+  ojson choice;
+  choice["index"] = 0;
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", JoinText(tokens)}};
+    choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
+  } else {
+    choice["text"] = JoinText(tokens);
+    int64_t offset = 0;
+    choice["logprobs"] =
+        ctx.logprobs ? CompletionLogprobs(ctx, tokens, tokenizer, &offset) : ojson();
+  }
+  choice["finish_reason"] = end.finish_reason.empty() ? ojson() : ojson(end.finish_reason);
+  ojson body;
+  body["id"] = ctx.id;
+  body["object"] = chat ? "chat.completion" : "text_completion";
+  body["created"] = ctx.created;
+  body["model"] = ctx.model;
+  body["choices"] = ojson::array({std::move(choice)});
+  body["usage"] = UsageJson(end.usage);
+  body["tripod"] = TimingJson(end.times);
+  return DumpJson(body);
+}
+
+SseStream::SseStream(ResponseContext ctx, const Tokenizer& tokenizer)
+    : ctx_(std::move(ctx)), tokenizer_(&tokenizer) {}
+
+ojson SseStream::ChunkHeader() const {
+  ojson c;
+  c["id"] = ctx_.id;
+  c["object"] = ctx_.kind == ApiKind::kChatCompletion ? "chat.completion.chunk" : "text_completion";
+  c["created"] = ctx_.created;
+  c["model"] = ctx_.model;
+  return c;
+}
+
+std::string SseStream::Start() {
+  if (ctx_.kind != ApiKind::kChatCompletion) return "";
+  ojson choice;
+  choice["index"] = 0;
+  choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = nullptr;
+  ojson c = ChunkHeader();
+  c["choices"] = ojson::array({std::move(choice)});
+  if (ctx_.include_usage) c["usage"] = nullptr;
+  return SseEvent(c);
+}
+
+std::string SseStream::Tokens(std::span<const GeneratedToken> tokens) {
+  const std::string text = JoinText(tokens);
+  const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
+  if (text.empty() && !(ctx_.logprobs && any_token)) return "";
+  ojson choice;
+  choice["index"] = 0;
+  if (ctx_.kind == ApiKind::kChatCompletion) {
+    choice["delta"] = {{"content", text}};
+    choice["logprobs"] = ctx_.logprobs ? ChatLogprobs(ctx_, tokens, *tokenizer_) : ojson();
+  } else {
+    choice["text"] = text;
+    if (ctx_.logprobs) {
+      choice["logprobs"] = CompletionLogprobs(ctx_, tokens, *tokenizer_, &text_offset_);
+    } else {
+      choice["logprobs"] = nullptr;
+      text_offset_ += CodePoints(text);
+    }
+  }
+  choice["finish_reason"] = nullptr;
+  ojson c = ChunkHeader();
+  c["choices"] = ojson::array({std::move(choice)});
+  if (ctx_.include_usage) c["usage"] = nullptr;
+  return SseEvent(c);
+}
+
+std::string SseStream::Finish(const CompletionEnd& end) {
+  ojson choice;
+  choice["index"] = 0;
+  if (ctx_.kind == ApiKind::kChatCompletion) {
+    choice["delta"] = ojson::object();
+  } else {
+    choice["text"] = "";
+  }
+  choice["logprobs"] = nullptr;
+  choice["finish_reason"] = end.finish_reason.empty() ? ojson() : ojson(end.finish_reason);
+  ojson c = ChunkHeader();
+  c["choices"] = ojson::array({std::move(choice)});
+  if (ctx_.include_usage) c["usage"] = nullptr;
+  c["tripod"] = TimingJson(end.times);
+  std::string out = SseEvent(c);
+  if (ctx_.include_usage) {
+    ojson u = ChunkHeader();
+    u["choices"] = ojson::array();
+    u["usage"] = UsageJson(end.usage);
+    u["tripod"] = TimingJson(end.times);
+    out += SseEvent(u);
+  }
+  out += kSseDone;
+  return out;
+}
+
+std::string SseEvent(const ojson& payload) {
+  return absl::StrCat("data: ", DumpJson(payload), "\n\n");
+}
+
+std::string SseErrorEvent(const ApiError& error) { return SseEvent(ErrorJson(error)); }
+
+std::string ModelsListBody(std::span<const ModelCard> models) {
+  ojson data = ojson::array();
+  for (const ModelCard& m : models) {
+    ojson card;
+    card["id"] = m.id;
+    card["object"] = "model";
+    card["created"] = m.created;
+    card["owned_by"] = "tripod";
+    card["root"] = m.id;
+    card["parent"] = nullptr;
+    card["max_model_len"] = m.max_model_len;
+    data.push_back(std::move(card));
+  }
+  ojson body;
+  body["object"] = "list";
+  body["data"] = std::move(data);
+  return DumpJson(body);
+}
+
+void FillCompletionChunk(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                         const Tokenizer& tokenizer, tripod::v1::CompletionChunk* out) {
+  out->set_id(ctx.id);
+  out->set_text(JoinText(tokens));
+  FillProtoLogprobs(ctx, tokens, tokenizer, out->mutable_logprobs());
+}
+
+void FillFinalChunk(const ResponseContext& ctx, const CompletionEnd& end,
+                    tripod::v1::CompletionChunk* out) {
+  out->set_id(ctx.id);
+  out->set_finish_reason(end.finish_reason);
+  FillProtoUsage(end.usage, out->mutable_usage());
+  FillProtoTiming(end.times, out->mutable_timing());
+}
+
+void FillCompletionResponse(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                            const CompletionEnd& end, const Tokenizer& tokenizer,
+                            tripod::v1::CompletionResponse* out) {
+  out->set_id(ctx.id);
+  out->set_model(ctx.model);
+  out->set_created(ctx.created);
+  out->set_text(JoinText(tokens));
+  for (const GeneratedToken& t : tokens) {
+    if (HasToken(t)) out->add_token_ids(t.id);
+  }
+  FillProtoLogprobs(ctx, tokens, tokenizer, out->mutable_logprobs());
+  out->set_finish_reason(end.finish_reason);
+  FillProtoUsage(end.usage, out->mutable_usage());
+  FillProtoTiming(end.times, out->mutable_timing());
+}
+
+grpc::StatusCode GrpcCodeForHttpStatus(int http_status) {
+  switch (http_status) {
+    case 200:
+      return grpc::StatusCode::OK;
+    case 400:
+      return grpc::StatusCode::INVALID_ARGUMENT;
+    case 401:
+      return grpc::StatusCode::UNAUTHENTICATED;
+    case 403:
+      return grpc::StatusCode::PERMISSION_DENIED;
+    case 404:
+      return grpc::StatusCode::NOT_FOUND;
+    case 413:
+      return grpc::StatusCode::OUT_OF_RANGE;
+    case 429:
+      return grpc::StatusCode::RESOURCE_EXHAUSTED;
+    case 499:
+      return grpc::StatusCode::CANCELLED;
+    case 503:
+      return grpc::StatusCode::UNAVAILABLE;
+    case 504:
+      return grpc::StatusCode::DEADLINE_EXCEEDED;
+    default:
+      return http_status >= 400 && http_status < 500 ? grpc::StatusCode::INVALID_ARGUMENT
+                                                     : grpc::StatusCode::INTERNAL;
+  }
+}
+
+int HttpStatusForGrpcCode(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::OK:
+      return 200;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return 400;
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return 401;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return 403;
+    case grpc::StatusCode::NOT_FOUND:
+      return 404;
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return 413;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return 429;
+    case grpc::StatusCode::CANCELLED:
+      return 499;
+    case grpc::StatusCode::UNAVAILABLE:
+      return 503;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+std::string DefaultErrorType(int http_status) {
+  switch (http_status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 429:
+      return "rate_limit_error";
+    default:
+      return http_status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+grpc::Status ToGrpcStatus(const ApiError& error) {
+  return grpc::Status(GrpcCodeForHttpStatus(error.http_status), ErrorBody(error));
+}
+
+ApiError FromGrpcStatus(const grpc::Status& status) {
+  ApiError e;
+  e.http_status = HttpStatusForGrpcCode(status.error_code());
+  e.type = DefaultErrorType(e.http_status);
+  e.message = status.error_message();
+  const nlohmann::json j =
+      nlohmann::json::parse(status.error_message(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    const nlohmann::json& err = j["error"];
+    auto str = [&](const char* key, std::string* out) {
+      auto it = err.find(key);
+      if (it != err.end() && it->is_string()) *out = it->get<std::string>();
+    };
+    str("message", &e.message);
+    str("type", &e.type);
+    str("param", &e.param);
+    str("code", &e.code);
+  }
+  return e;
+}
+
+}  // namespace tripod::scheduler

@@ -1,0 +1,128 @@
+// Formatting of answers for the OpenAI-compatible API and the gRPC client API, from the
+// lifecycle's GeneratedToken / CompletionEnd (completion_events.h): whole responses
+// (text_completion, chat.completion), SSE streams (text_completion and chat.completion.chunk
+// chunks, the usage chunk, [DONE], mid-stream errors), logprobs in both of OpenAI's shapes, the
+// model list, the gRPC messages, and the ApiError <-> gRPC status mapping.
+//
+// Conventions:
+//  - A GeneratedToken with id < 0 carries text only (text released at the end, e.g. what a
+//    possible stop string held back); it adds no logprobs entry and no token id.
+//  - Token text in logprobs is the token's decoded piece (TokenPiece); chat's `bytes` are its
+//    raw bytes, so a token that splits a UTF-8 character shows U+FFFD in `token` and the true
+//    bytes in `bytes`. Non-finite log-probabilities are written as -9999.0 (as vLLM does).
+//  - completions' text_offset counts Unicode code points of the generated text before the
+//    token's text (Python's len, as vLLM does; no echo, so the prompt is not counted).
+//  - Our `tripod` timing object always has every key; a stage that did not run is null.
+//  - Streams: the timing rides on the chunk carrying finish_reason and, with include_usage, on
+//    the final usage chunk too. With include_usage every other chunk has "usage": null
+//    (OpenAI's shape).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "common/model/tokenizer.h"
+#include "grpcpp/support/status.h"
+#include "nlohmann/json.hpp"
+#include "scheduler/completion_events.h"
+#include "scheduler/completion_request.h"
+#include "tripod/v1/completion.pb.h"
+
+namespace tripod::scheduler {
+
+// What every piece of one answer repeats.
+struct ResponseContext {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string id;       // "cmpl-..." / "chatcmpl-..."
+  std::string model;    // the served model's name
+  int64_t created = 0;  // Unix seconds
+  bool logprobs = false;
+  int top_logprobs = 0;
+  bool include_usage = false;
+};
+
+// "cmpl-" or "chatcmpl-" and 32 random hex digits.
+std::string NewResponseId(ApiKind kind);
+// From the parsed request; a fresh id.
+ResponseContext MakeResponseContext(const CompletionRequest& request, std::string model,
+                                    int64_t created_unix_s);
+
+// The text of one token as it appears in decoded output (a SentencePiece word's leading space
+// included), raw bytes.
+std::string TokenPiece(const Tokenizer& tokenizer, int32_t id);
+
+nlohmann::ordered_json UsageJson(const UsageCounts& usage);
+nlohmann::ordered_json TimingJson(const StageTimes& times);
+
+// A whole answer: a text_completion or chat.completion object.
+std::string CompletionResponseBody(const ResponseContext& ctx,
+                                   std::span<const GeneratedToken> tokens, const CompletionEnd& end,
+                                   const Tokenizer& tokenizer);
+
+// One stream's SSE events ("data: {...}\n\n"), in order: Start, Tokens (any number of times),
+// Finish. Keeps the text offset across chunks. Not thread-safe.
+class SseStream {
+ public:
+  SseStream(ResponseContext ctx, const Tokenizer& tokenizer);
+
+  // chat: the chunk with delta {"role":"assistant","content":""}; completions: "" (none).
+  std::string Start();
+  // One chunk for these tokens (several when a front end coalesces); "" when there is nothing to
+  // send (no text and no logprobs wanted).
+  std::string Tokens(std::span<const GeneratedToken> tokens);
+  // The finish_reason chunk (empty delta / text), the usage chunk when include_usage, and
+  // "data: [DONE]".
+  std::string Finish(const CompletionEnd& end);
+
+  const ResponseContext& context() const { return ctx_; }
+
+ private:
+  nlohmann::ordered_json ChunkHeader() const;
+
+  ResponseContext ctx_;
+  const Tokenizer* tokenizer_;
+  int64_t text_offset_ = 0;  // code points of generated text so far
+};
+
+// "data: <json>\n\n".
+std::string SseEvent(const nlohmann::ordered_json& payload);
+// A mid-stream error, as vLLM sends it: data: {"error":{...}}\n\n (the stream then ends without
+// [DONE]).
+std::string SseErrorEvent(const ApiError& error);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// GET /v1/models.
+struct ModelCard {
+  std::string id;
+  int64_t created = 0;
+  int max_model_len = 0;
+};
+std::string ModelsListBody(std::span<const ModelCard> models);
+
+// gRPC: a chunk of tokens, the final chunk (finish_reason, usage, timing), the whole response.
+// Stages that did not run are 0 in StageTiming (proto3 has no null there).
+void FillCompletionChunk(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                         const Tokenizer& tokenizer, tripod::v1::CompletionChunk* out);
+void FillFinalChunk(const ResponseContext& ctx, const CompletionEnd& end,
+                    tripod::v1::CompletionChunk* out);
+void FillCompletionResponse(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
+                            const CompletionEnd& end, const Tokenizer& tokenizer,
+                            tripod::v1::CompletionResponse* out);
+
+// The table of completion.proto: 400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404 NOT_FOUND,
+// 413 OUT_OF_RANGE, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 500 INTERNAL; beyond it 403
+// PERMISSION_DENIED, 499 CANCELLED, 504 DEADLINE_EXCEEDED, other 4xx INVALID_ARGUMENT, other
+// 5xx INTERNAL.
+grpc::StatusCode GrpcCodeForHttpStatus(int http_status);
+int HttpStatusForGrpcCode(grpc::StatusCode code);
+// OpenAI's error type for a status: invalid_request_error, authentication_error, ...
+std::string DefaultErrorType(int http_status);
+// The status's message is the JSON error body.
+grpc::Status ToGrpcStatus(const ApiError& error);
+// Reads the JSON error body back when the message is one; else the message as is, with the
+// code's HTTP status and default type.
+ApiError FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace tripod::scheduler

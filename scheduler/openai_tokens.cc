@@ -1,0 +1,146 @@
+#include "scheduler/openai_tokens.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace tripod::scheduler {
+namespace {
+
+using nlohmann::json;
+
+std::vector<int32_t> EncodeTextPrompt(const Tokenizer& tokenizer, std::string_view text,
+                                      bool add_bos) {
+  std::vector<int32_t> ids = tokenizer.Encode(text, /*parse_special=*/true);
+  if (add_bos && tokenizer.add_bos() && tokenizer.bos_id() >= 0 &&
+      (ids.empty() || ids.front() != tokenizer.bos_id())) {
+    ids.insert(ids.begin(), tokenizer.bos_id());
+  }
+  return ids;
+}
+
+std::vector<int32_t> EncodeMessages(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
+                                    std::span<const ChatMessage> messages,
+                                    bool add_generation_prompt) {
+  const std::vector<ChatSegment> segments =
+      RenderChatSegments(tmpl, messages, add_generation_prompt);
+  return EncodeChat(tokenizer, segments, /*parse_special_in_content=*/false);
+}
+
+std::optional<ApiError> CheckVocabulary(std::span<const int32_t> ids, int32_t vocab_size,
+                                        const char* param) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return InvalidRequest(absl::StrCat("'", param, "[", i, "]' is token id ", ids[i],
+                                         ", outside the vocabulary [0, ", vocab_size, ")"),
+                            param);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+ApiResult<std::vector<int32_t>> PromptTokenIds(const CompletionRequest& request,
+                                               const Tokenizer& tokenizer,
+                                               const ChatTemplate& chat_template) {
+  std::vector<int32_t> ids;
+  const char* param = "prompt";
+  if (request.kind == ApiKind::kChatCompletion) {
+    param = "messages";
+    ids = EncodeMessages(tokenizer, chat_template, request.messages, true);
+  } else if (request.prompt_is_ids) {
+    if (auto e = CheckVocabulary(request.prompt_ids, tokenizer.vocab_size(), param)) return *e;
+    ids = request.prompt_ids;
+  } else {
+    ids = EncodeTextPrompt(tokenizer, request.prompt_text, /*add_bos=*/true);
+  }
+  if (ids.empty()) {
+    return InvalidRequest(
+        absl::StrCat("'", param, "' gives no tokens; the prompt must not be empty"), param);
+  }
+  return ids;
+}
+
+ApiResult<TokenizeRequest> ParseTokenizeBody(std::string_view body) {
+  ApiResult<json> parsed = ParseJsonObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
+  const json& j = std::get<json>(parsed);
+  TokenizeRequest req;
+  std::optional<std::string> model;
+  if (auto e = GetString(j, "model", &model)) return *e;
+  req.model = model.value_or("");
+  const bool has_messages = j.contains("messages") && !j["messages"].is_null();
+  const bool has_prompt = j.contains("prompt") && !j["prompt"].is_null();
+  if (has_messages && has_prompt) {
+    return InvalidRequest("give 'prompt' or 'messages', not both", "messages");
+  }
+  if (has_messages) {
+    req.is_chat = true;
+    if (auto e = ParseChatMessagesJson(j["messages"], &req.messages)) return *e;
+    if (auto e = ValidateChatMessages(&req.messages)) return *e;
+  } else if (has_prompt) {
+    std::optional<std::string> prompt;
+    if (auto e = GetString(j, "prompt", &prompt)) return *e;
+    req.prompt = *std::move(prompt);
+  } else {
+    return InvalidRequest("'prompt' or 'messages' is required", "prompt");
+  }
+  std::optional<bool> flag;
+  if (auto e = GetBool(j, "add_special_tokens", &flag)) return *e;
+  req.add_special_tokens = flag.value_or(true);
+  flag.reset();
+  if (auto e = GetBool(j, "add_generation_prompt", &flag)) return *e;
+  req.add_generation_prompt = flag.value_or(true);
+  return req;
+}
+
+std::vector<int32_t> Tokenize(const TokenizeRequest& request, const Tokenizer& tokenizer,
+                              const ChatTemplate& chat_template) {
+  if (request.is_chat) {
+    return EncodeMessages(tokenizer, chat_template, request.messages,
+                          request.add_generation_prompt);
+  }
+  return EncodeTextPrompt(tokenizer, request.prompt, request.add_special_tokens);
+}
+
+std::string TokenizeResponseBody(std::span<const int32_t> tokens, int max_model_len) {
+  nlohmann::ordered_json body;
+  body["tokens"] = tokens;
+  body["count"] = tokens.size();
+  body["max_model_len"] = max_model_len;
+  return DumpJson(body);
+}
+
+ApiResult<DetokenizeRequest> ParseDetokenizeBody(std::string_view body, int32_t vocab_size) {
+  ApiResult<json> parsed = ParseJsonObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
+  const json& j = std::get<json>(parsed);
+  DetokenizeRequest req;
+  std::optional<std::string> model;
+  if (auto e = GetString(j, "model", &model)) return *e;
+  req.model = model.value_or("");
+  auto it = j.find("tokens");
+  if (it == j.end() || it->is_null()) return InvalidRequest("'tokens' is required", "tokens");
+  if (!it->is_array()) return InvalidRequest("'tokens' must be a list of token ids", "tokens");
+  req.tokens.reserve(it->size());
+  for (size_t i = 0; i < it->size(); ++i) {
+    int64_t id = 0;
+    if (!JsonToInt64((*it)[i], &id) || id < 0 || id >= vocab_size) {
+      return InvalidRequest(absl::StrCat("'tokens[", i, "]' must be a token id in [0, ", vocab_size,
+                                         "), got ", (*it)[i].dump()),
+                            "tokens");
+    }
+    req.tokens.push_back(static_cast<int32_t>(id));
+  }
+  return req;
+}
+
+std::string DetokenizeResponseBody(const DetokenizeRequest& request, const Tokenizer& tokenizer) {
+  nlohmann::ordered_json body;
+  body["prompt"] = tokenizer.Decode(request.tokens);
+  return DumpJson(body);
+}
+
+}  // namespace tripod::scheduler

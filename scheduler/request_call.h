@@ -1,0 +1,104 @@
+// One request's path through the workers (DESIGN.md, "The path of one request"):
+//   decode-only:     Decode.Generate with the prompt (short prompts, or no prefill worker)
+//   disaggregated:   Decode.Reserve -> Prefill.Run (the KV pushed straight to the decode worker)
+//                    -> Decode.Generate over the transferred KV
+// A failed prefill is retried once on another prefill worker, else (or after a second failure)
+// run on the decode worker itself: the reservation is cancelled, nothing is lost. A decode
+// failure ends the request with an error. A client that leaves cancels the request on every
+// worker holding it (the Generate call is cancelled and Decode.Cancel sent, which the engine
+// sees before its next step; a running prefill gets Prefill.Cancel and its reservation is
+// cancelled). All calls are gRPC's callback API: no thread waits for a worker.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/util/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "scheduler/dispatcher.h"
+#include "tripod/v1/decode.grpc.pb.h"
+#include "tripod/v1/prefill.grpc.pb.h"
+
+namespace tripod::scheduler {
+
+class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
+             public std::enable_shared_from_this<Call> {
+ public:
+  Call(Dispatcher* dispatcher, PreparedRequest request, RequestCallbacks callbacks,
+       uint64_t request_id);
+  ~Call() override;
+
+  uint64_t request_id() const { return request_id_; }
+
+  // Admitted: sends the request on its way. Called once, outside the dispatcher's lock.
+  void Begin();
+  // The client left. Idempotent, any thread.
+  void Cancel();
+  // Never admitted (the scheduler stops): ends with `error`.
+  void FailQueued(const ApiError& error);
+
+  // ClientReadReactor (the Generate stream); gRPC's threads.
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& status) override;
+
+ private:
+  enum class Phase { kQueued, kReserving, kPrefilling, kGenerating, kDone };
+
+  void ReserveAndPrefill(const Worker* exclude);
+  void OnReserved(const grpc::Status& status);
+  void RunPrefill();
+  void OnPrefilled(const grpc::Status& status);
+  // After a failed prefill: another prefill worker once, else the decode worker itself.
+  void RetryPrefill(const std::string& why);
+  void StartGenerate(uint64_t transfer_id, const std::string& route);
+  // Ends the request once: the callback (unless the client left), metrics, the dispatcher.
+  void Finish(const std::string& finish, const ApiError* error);
+  bool cancelled() const;
+  // Fire-and-forget cancels on the workers (bounded by a deadline): the transfer if given, else
+  // the request's Generate call.
+  void SendDecodeCancel(uint64_t transfer_id);
+  void SendPrefillCancel();
+
+  Dispatcher* const dispatcher_;
+  const PreparedRequest request_;
+  const RequestCallbacks callbacks_;
+  const uint64_t request_id_;
+  const absl::Time accepted_;
+
+  mutable Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kQueued;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Every call's context, kept for the Call's life (Cancel may still be cancelling one that is
+  // done); the last is the call in flight. TryCancel runs outside mu_: gRPC may run the call's
+  // callback inline, which takes mu_.
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Call> hold_ ABSL_GUARDED_BY(mu_);  // alive until the Generate stream is done
+
+  // Touched by one step of the path at a time (each step starts the next).
+  std::shared_ptr<Worker> decode_;
+  std::shared_ptr<Worker> prefill_;
+  uint64_t transfer_id_ = 0;
+  int prefill_attempts_ = 0;
+  std::string route_;
+  std::string plan_ratio_;  // the POP ratio asked of the prefill worker; empty: its own
+  v1::ReserveRequest reserve_request_;
+  v1::ReserveResponse reserve_response_;
+  v1::PrefillRequest prefill_request_;
+  v1::PrefillResponse prefill_response_;
+  v1::GenerateRequest generate_request_;
+  v1::GenerateResponse event_;
+
+  // The Generate stream's results (OnReadDone, then OnDone).
+  bool end_seen_ = false;
+  v1::GenerateResponse end_;
+  int tokens_ = 0;
+  absl::Time started_;
+  absl::Time last_token_;
+  StageTimes times_;
+};
+
+}  // namespace tripod::scheduler

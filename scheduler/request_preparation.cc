@@ -1,0 +1,70 @@
+#include "scheduler/request_preparation.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/openai_tokens.h"
+
+namespace tripod::scheduler {
+
+std::optional<ApiError> CheckModelName(const std::string& model, const ServedModel& served) {
+  if (model.empty() || model == served.name) return std::nullopt;
+  return ApiError{404,
+                  absl::StrCat("The model '", model, "' does not exist; this server serves '",
+                               served.name, "'"),
+                  "invalid_request_error", "model", "model_not_found"};
+}
+
+ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
+                                          const ServedModel& served) {
+  if (std::optional<ApiError> e = CheckModelName(request.model, served)) return *e;
+  const bool chat = request.kind == ApiKind::kChatCompletion;
+  if (chat && !served.chat_template.has_value()) {
+    return InvalidRequest(
+        absl::StrCat("chat completions are not available: ", served.chat_template_error),
+        "messages");
+  }
+  ApiResult<std::vector<int32_t>> ids =
+      PromptTokenIds(request, *served.tokenizer, served.chat_template.value_or(ChatTemplate{}));
+  if (const ApiError* e = std::get_if<ApiError>(&ids)) return *e;
+  PreparedRequest p;
+  p.prompt = std::move(std::get<std::vector<int32_t>>(ids));
+  const int64_t n = static_cast<int64_t>(p.prompt.size());
+  const int64_t context = served.identity.context_length;
+  const char* input = chat ? "messages" : "prompt";
+  if (context > 0 && n >= context) {
+    ApiError e = InvalidRequest(
+        absl::StrCat("This model's maximum context length is ", context, " tokens. However, your ",
+                     chat ? "messages" : "prompt", " resulted in ", n,
+                     " tokens, which leaves no room for a completion."),
+        input);
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  int64_t max_tokens = request.max_tokens;
+  if (max_tokens < 0) max_tokens = context > 0 ? context - n : 16;
+  if (context > 0 && n + max_tokens > context) {
+    ApiError e =
+        InvalidRequest(absl::StrCat("This model's maximum context length is ", context,
+                                    " tokens. However, you requested ", n + max_tokens, " tokens (",
+                                    n, " in the ", chat ? "messages" : "prompt", ", ", max_tokens,
+                                    " for the completion). Please reduce the length of the ",
+                                    chat ? "messages" : "prompt", " or the completion."),
+                       chat ? "max_completion_tokens" : "max_tokens");
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  p.max_tokens = static_cast<int>(max_tokens);
+  p.sampling = request.sampling;
+  if (!request.has_seed) {
+    // Each request its own draw, as OpenAI's API without a seed.
+    thread_local std::mt19937_64 rng{std::random_device{}()};
+    p.sampling.seed = rng();
+  }
+  p.stop = request.stop;
+  p.ignore_eos = request.ignore_eos;
+  p.pop = request.pop;
+  return p;
+}
+
+}  // namespace tripod::scheduler

@@ -1,0 +1,289 @@
+"""The OpenAI-compatible API end to end: real tripod-scheduler, tripod-prefill and tripod-decode
+processes on loopback, driven by the official `openai` Python client, raw HTTP and a grpcio
+client of tripod.v1.Completion.
+
+Exactness: with `tripod: {"pop": "off"}` and fp32 workers, greedy output through the scheduler
+(disaggregated: Reserve -> Prefill.Run -> Generate) equals `tripod generate --precision fp32`.
+"""
+
+import concurrent.futures
+import json
+import os
+import socket
+import threading
+import time
+
+import grpc
+import openai
+import pytest
+
+from cluster import (Cluster, all_blocks_free, corpus_prompt, cpb, reference_tokens, wait_until,
+                     MODEL)
+
+MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+  with Cluster() as c:
+    # A prefill worker with the full weights runs any plan: POP off for the exactness checks,
+    # the scheduler's default 1/3 otherwise.
+    prefill = c.prefill(precision="fp32", pop_ratio="0")
+    decode = c.decode(precision="fp32", kv_budget_mb=256)
+    sched = c.scheduler(prefill=[prefill], decode=[decode], direct_prefill_tokens=8,
+                        max_inflight=64, pop="1/3")
+    c.p, c.d, c.s = prefill, decode, sched
+    yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+  return openai.OpenAI(base_url=cluster.s.url + "/v1", api_key="unused", max_retries=0,
+                       timeout=300)
+
+
+def detokenize(sched, ids):
+  status, body, _ = sched.http("POST", "/detokenize", {"tokens": ids})
+  assert status == 200, body
+  return json.loads(body)["prompt"]
+
+
+def test_models_and_health(cluster, client):
+  models = client.models.list()
+  assert [m.id for m in models.data] == [MODEL_NAME]
+  status, body = cluster.s.http_get("/health")
+  h = json.loads(body)
+  assert status == 200 and h["healthy_decode_workers"] == 1 and h["healthy_prefill_workers"] == 1
+
+
+@pytest.mark.parametrize("n_prompt", [5, 64, 300])
+def test_greedy_pop_off_equals_reference(cluster, client, n_prompt):
+  prompt = corpus_prompt(n_prompt, offset=100)
+  want = reference_tokens(prompt, 12, precision="fp32")
+  r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                extra_body={"tripod": {"pop": "off"}})
+  assert r.choices[0].text == detokenize(cluster.s, want)
+  assert r.usage.prompt_tokens == n_prompt
+  assert r.usage.completion_tokens == len(want)
+  timing = r.model_extra["tripod"]
+  # Short prompts go straight to the decode worker; longer ones through the prefill worker.
+  assert timing["route"] == ("decode_only" if n_prompt < 8 else "disaggregated")
+  if n_prompt >= 8:
+    assert timing["prefill_s"] > 0 and timing["first_token_s"] > 0
+
+
+def test_streaming_equals_whole(cluster, client):
+  prompt = corpus_prompt(100, offset=7)
+  whole = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10,
+                                    temperature=0)
+  chunks = list(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10,
+                                          temperature=0, stream=True,
+                                          stream_options={"include_usage": True}))
+  text = "".join(c.choices[0].text for c in chunks if c.choices)
+  assert text == whole.choices[0].text
+  finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+  assert len(finals) == 1 and finals[0].choices[0].finish_reason == whole.choices[0].finish_reason
+  assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == \
+      whole.usage.completion_tokens
+
+
+def test_chat_whole_and_streamed(cluster, client):
+  messages = [{"role": "user", "content": "Name three colours."}]
+  whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16,
+                                         temperature=0)
+  assert whole.choices[0].message.role == "assistant"
+  assert whole.choices[0].message.content
+  assert whole.choices[0].finish_reason in ("stop", "length")
+  stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16,
+                                          temperature=0, stream=True)
+  pieces = [c.choices[0].delta.content or "" for c in stream if c.choices]
+  assert "".join(pieces) == whole.choices[0].message.content
+
+
+def test_logprobs(cluster, client):
+  r = client.completions.create(model=MODEL_NAME, prompt="The capital of France is",
+                                max_tokens=4, temperature=0, logprobs=3)
+  lp = r.choices[0].logprobs
+  assert len(lp.tokens) == r.usage.completion_tokens == len(lp.token_logprobs)
+  for top, chosen in zip(lp.top_logprobs, lp.token_logprobs):
+    assert len(top) == 3 and chosen <= 0
+    assert max(top.values()) >= chosen - 1e-4  # greedy: the chosen token is the most likely
+
+
+def test_32_concurrent_streams(cluster, client):
+  prompts = [corpus_prompt(40 + i, offset=11 * i) for i in range(32)]
+
+  def run(p):
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=8,
+                                            temperature=0.8, seed=1, stream=True,
+                                            stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}))
+    return chunks[-1].usage, sum(1 for c in chunks if c.choices and c.choices[0].text)
+
+  with concurrent.futures.ThreadPoolExecutor(32) as pool:
+    results = list(pool.map(run, prompts))
+  for (usage, _), p in zip(results, prompts):
+    assert usage.prompt_tokens == len(p) and usage.completion_tokens == 8
+  wait_until(lambda: all_blocks_free(cluster.d), 30, "every KV block free after the burst")
+
+
+def error_of(resp):
+  status, body, headers = resp
+  j = json.loads(body)
+  assert set(j) == {"error"} and set(j["error"]) == {"message", "type", "param", "code"}, body
+  assert j["error"]["message"]
+  return status, j["error"], headers
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"model": MODEL_NAME, "prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"model": MODEL_NAME, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL_NAME, "prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"model": MODEL_NAME, "prompt": 17}, "prompt"),
+    ({"model": MODEL_NAME, "prompt": "x", "top_p": 1.5}, "top_p"),
+])
+def test_400s(cluster, body, param):
+  status, err, _ = error_of(cluster.s.http("POST", "/v1/completions", body))
+  assert status == 400 and err["param"] == param and err["type"] == "invalid_request_error"
+
+
+def test_bad_json_and_unknown_model_and_context(cluster):
+  status, err, _ = error_of(cluster.s.http("POST", "/v1/completions", "{not json"))
+  assert status == 400
+  status, err, _ = error_of(cluster.s.http("POST", "/v1/completions",
+                                           {"model": "gpt-9", "prompt": "x"}))
+  assert status == 404 and err["code"] == "model_not_found"
+  status, err, _ = error_of(cluster.s.http("POST", "/v1/completions",
+                                           {"model": MODEL_NAME, "prompt": [1] * 9000}))
+  assert status == 400 and err["code"] == "context_length_exceeded"
+  # A body over the limit (8 MiB) is refused on its Content-Length, before it is read: the
+  # client sends the headers and a first piece, and reads the answer.
+  with socket.create_connection((cluster.s.host, cluster.s.http_port), timeout=30) as s:
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: " + str(9 << 20).encode() + b"\r\n\r\n{" + b" " * 1000)
+    answer = b""
+    while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+      piece = s.recv(65536)
+      if not piece:
+        break
+      answer += piece
+  head, _, body = answer.partition(b"\r\n\r\n")
+  assert head.startswith(b"HTTP/1.1 413"), answer
+  assert json.loads(body)["error"]["message"]
+  status, err, headers = error_of(cluster.s.http("GET", "/v1/completions"))
+  assert status == 405 and headers.get("Allow") == "POST"
+  status, err, _ = error_of(cluster.s.http("GET", "/v2/nothing"))
+  assert status == 404
+
+
+def test_api_key_429_and_503(cluster):
+  with Cluster() as c:
+    keyed = c.scheduler(decode=[cluster.d], api_key="sesame", name="keyed")
+    status, err, headers = error_of(keyed.http("POST", "/v1/completions",
+                                               {"model": MODEL_NAME, "prompt": "x"}))
+    assert status == 401 and err["type"] == "authentication_error"
+    status, err, _ = error_of(keyed.http("GET", "/v1/models",
+                                         headers={"Authorization": "Bearer wrong"}))
+    assert status == 401
+    assert keyed.http("GET", "/v1/models", headers={"Authorization": "Bearer sesame"})[0] == 200
+    assert keyed.http_get("/health")[0] == 200  # open without a key
+    # gRPC: the key in the authorization metadata.
+    req = cpb.CompletionRequest(prompt="Hi", max_tokens=2)
+    with pytest.raises(grpc.RpcError) as e:
+      keyed.stub.Complete(req, timeout=60)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert json.loads(e.value.details())["error"]["type"] == "authentication_error"
+    ok = keyed.stub.Complete(req, metadata=(("authorization", "Bearer sesame"),), timeout=60)
+    assert ok.usage.completion_tokens >= 1
+
+    # One request at the workers, none waiting: a second concurrent one gets 429 + Retry-After.
+    tight = c.scheduler(decode=[cluster.d], max_inflight=1, max_queue=0, name="tight")
+    long_body = {"model": MODEL_NAME, "prompt": "Count:", "max_tokens": 200, "ignore_eos": True}
+    t = threading.Thread(target=tight.http, args=("POST", "/v1/completions", long_body))
+    t.start()
+    try:
+      wait_until(lambda: json.loads(tight.http_get("/health")[1])["running"] == 1, 30,
+                 "the first request running")
+      status, err, headers = error_of(tight.http("POST", "/v1/completions", long_body))
+      assert status == 429 and int(headers["Retry-After"]) >= 1
+    finally:
+      t.join(timeout=120)
+
+    # No decode worker answers: /health is 503 and requests get 503.
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()
+    nowhere = c.scheduler(decode=[f"127.0.0.1:{port}"], wait_ready=False, name="nowhere")
+    wait_until(lambda: nowhere.http_get("/health")[0] == 503, 30, "scheduler up, not ready")
+    status, err, _ = error_of(nowhere.http("POST", "/v1/completions",
+                                           {"model": MODEL_NAME, "prompt": "x"}))
+    assert status == 503
+
+
+def test_grpc_complete_and_generate(cluster):
+  prompt = corpus_prompt(50, offset=3)
+  req = cpb.CompletionRequest(model=MODEL_NAME, prompt_ids=cpb.TokenIds(ids=prompt),
+                              max_tokens=10, temperature=0)
+  whole = cluster.s.stub.Complete(req, timeout=120)
+  chunks = list(cluster.s.stub.Generate(req, timeout=120))
+  assert "".join(c.text for c in chunks) == whole.text
+  assert chunks[-1].finish_reason == whole.finish_reason and chunks[-1].usage.completion_tokens \
+      == whole.usage.completion_tokens == len(whole.token_ids)
+  with pytest.raises(grpc.RpcError) as e:
+    cluster.s.stub.Complete(cpb.CompletionRequest(prompt="x", n=3), timeout=60)
+  assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+  assert json.loads(e.value.details())["error"]["param"] == "n"
+
+
+def test_client_hangup_cancels_everywhere(cluster):
+  """A streaming client that leaves mid-answer: the decode worker drops the sequence and frees
+  its blocks (bounded wait)."""
+  prompt = corpus_prompt(200, offset=50)
+  body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2000,
+                     "ignore_eos": True, "stream": True}).encode()
+  s = socket.create_connection((cluster.s.host, cluster.s.http_port), timeout=60)
+  s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+  got = b""
+  while got.count(b"data: ") < 3:
+    piece = s.recv(65536)
+    assert piece, got
+    got += piece
+  assert cluster.d.health().running == 1
+  s.close()
+  wait_until(lambda: all_blocks_free(cluster.d), 10, "the decode worker freed the sequence")
+
+
+def test_prefill_worker_killed_mid_request(cluster):
+  """Two prefill workers; the one running a request is killed: the request still completes
+  (retried on the other one, or on the decode worker)."""
+  with Cluster() as c:
+    p1 = c.prefill(precision="fp32", name="p1", chunk=64)
+    p2 = c.prefill(precision="fp32", name="p2", chunk=64)
+    s = c.scheduler(prefill=[p1, p2], decode=[cluster.d], direct_prefill_tokens=8,
+                    name="two_prefill")
+    prompt = corpus_prompt(2000, offset=0)
+    result = {}
+
+    def run():
+      result["r"] = s.http("POST", "/v1/completions",
+                           {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4,
+                            "temperature": 0}, timeout=300)
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+      busy = wait_until(lambda: next((p for p in (p1, p2) if p.health().running > 0), None), 60,
+                        "a prefill worker running the request")
+      busy.kill()
+    finally:
+      t.join(timeout=300)
+    status, body, _ = result["r"]
+    assert status == 200, body
+    r = json.loads(body)
+    assert r["usage"]["completion_tokens"] >= 1
+    assert r["tripod"]["route"] in ("retried_prefill", "local_fallback")
+    _, metrics = s.http_get("/metrics")
+    assert 'tripod:prefill_retries_total{role="scheduler",to="' in metrics
+    wait_until(lambda: all_blocks_free(cluster.d), 30, "blocks free after the retry")

@@ -1,0 +1,534 @@
+// OpenAI-compatible request parsing: every field's accepted and refused forms, the param named
+// in each error, defaults, and the gRPC path sharing the same checks.
+#include "scheduler/openai_request.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace tripod::scheduler {
+namespace {
+
+using nlohmann::json;
+using ::testing::HasSubstr;
+
+// A minimal valid body of each kind with `extra` merged in (null values in extra delete keys).
+std::string Body(ApiKind kind, const json& extra) {
+  json b = kind == ApiKind::kChatCompletion
+               ? json{{"model", "m"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}}}
+               : json{{"model", "m"}, {"prompt", "hello"}};
+  for (auto it = extra.begin(); it != extra.end(); ++it) {
+    if (it.value().is_null()) {
+      b.erase(it.key());
+    } else {
+      b[it.key()] = it.value();
+    }
+  }
+  return b.dump();
+}
+
+CompletionRequest ParseOk(ApiKind kind, const json& extra) {
+  auto r = ParseCompletionBody(Body(kind, extra), kind);
+  if (auto* e = std::get_if<ApiError>(&r)) {
+    ADD_FAILURE() << "refused " << extra.dump() << ": " << e->message << " (" << e->param << ")";
+    return {};
+  }
+  return std::get<CompletionRequest>(r);
+}
+
+ApiError ParseErr(ApiKind kind, const std::string& body) {
+  auto r = ParseCompletionBody(body, kind);
+  if (auto* e = std::get_if<ApiError>(&r)) return *e;
+  ADD_FAILURE() << "accepted " << body;
+  return {};
+}
+
+constexpr ApiKind kCmpl = ApiKind::kCompletion;
+constexpr ApiKind kChat = ApiKind::kChatCompletion;
+
+TEST(OpenAiRequestTest, MinimalCompletionDefaults) {
+  CompletionRequest r = ParseOk(kCmpl, json::object());
+  EXPECT_EQ(r.kind, kCmpl);
+  EXPECT_EQ(r.model, "m");
+  EXPECT_EQ(r.prompt_text, "hello");
+  EXPECT_FALSE(r.prompt_is_ids);
+  EXPECT_EQ(r.max_tokens, -1);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 1.0f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 1.0f);
+  EXPECT_EQ(r.sampling.top_k, 0);
+  EXPECT_FALSE(r.has_seed);
+  EXPECT_FALSE(r.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 0);
+  EXPECT_FALSE(r.stream);
+  EXPECT_FALSE(r.include_usage);
+  EXPECT_TRUE(r.stop.empty());
+  EXPECT_EQ(r.pop.kind, PopChoice::Kind::kDefault);
+  EXPECT_EQ(r.method, "");
+  EXPECT_EQ(r.budget, 0);
+}
+
+TEST(OpenAiRequestTest, EveryFieldSet) {
+  CompletionRequest r =
+      ParseOk(kCmpl, {{"max_tokens", 7},
+                      {"temperature", 0.5},
+                      {"top_p", 0.9},
+                      {"top_k", 40},
+                      {"min_p", 0.05},
+                      {"repetition_penalty", 1.1},
+                      {"presence_penalty", -1.5},
+                      {"frequency_penalty", 2},
+                      {"stop", {"\n", "END"}},
+                      {"seed", 42},
+                      {"n", 1},
+                      {"best_of", 1},
+                      {"logprobs", 3},
+                      {"echo", false},
+                      {"user", "u-1"},
+                      {"stream", true},
+                      {"stream_options", {{"include_usage", true}}},
+                      {"ignore_eos", true},
+                      {"some_unknown_field", {{"x", 1}}},
+                      {"tripod", {{"pop", "1/3"}, {"method", "none"}, {"budget", 64}}}});
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  EXPECT_FLOAT_EQ(r.sampling.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(r.sampling.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, 2.0f);
+  EXPECT_EQ(r.stop, (std::vector<std::string>{"\n", "END"}));
+  EXPECT_TRUE(r.has_seed);
+  EXPECT_EQ(r.sampling.seed, 42u);
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 3);
+  EXPECT_EQ(r.user, "u-1");
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.ignore_eos);
+  EXPECT_EQ(r.pop.kind, PopChoice::Kind::kRatio);
+  EXPECT_EQ(r.pop.ratio, "1/3");
+  EXPECT_EQ(r.method, "");
+  EXPECT_EQ(r.budget, 64);
+}
+
+TEST(OpenAiRequestTest, NullMeansAbsent) {
+  json nulls = json::object();
+  for (const char* k : {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n",
+                        "logprobs", "echo", "user", "stream", "stream_options", "tripod", "suffix",
+                        "logit_bias", "tools", "response_format"}) {
+    nulls[k] = nullptr;
+  }
+  json b = json::parse(Body(kCmpl, json::object()));
+  b.update(nulls);
+  auto r = ParseCompletionBody(b.dump(), kCmpl);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<CompletionRequest>(r).max_tokens, -1);
+  EXPECT_FALSE(std::get<CompletionRequest>(r).logprobs);
+}
+
+TEST(OpenAiRequestTest, PromptShapes) {
+  EXPECT_EQ(ParseOk(kCmpl, {{"prompt", {"one"}}}).prompt_text, "one");
+  CompletionRequest ids = ParseOk(kCmpl, {{"prompt", {1, 2, 3}}});
+  EXPECT_TRUE(ids.prompt_is_ids);
+  EXPECT_EQ(ids.prompt_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(ids.prompt_text.empty());
+  CompletionRequest nested = ParseOk(kCmpl, {{"prompt", {{4, 5}}}});
+  EXPECT_EQ(nested.prompt_ids, (std::vector<int32_t>{4, 5}));
+  // Integral floats count as integers (pydantic's lax mode).
+  EXPECT_EQ(ParseOk(kCmpl, {{"prompt", {7.0}}}).prompt_ids, (std::vector<int32_t>{7}));
+}
+
+TEST(OpenAiRequestTest, ChatMessages) {
+  CompletionRequest r = ParseOk(
+      kChat, {{"messages",
+               {{{"role", "developer"}, {"content", "Be brief."}},
+                {{"role", "user"},
+                 {"content",
+                  {{{"type", "text"}, {"text", "Hello, "}}, {{"type", "text"}, {"text", "you"}}}}},
+                {{"role", "assistant"}, {"content", nullptr}},
+                {{"role", "user"}, {"content", "again"}, {"name", "bob"}}}}});
+  EXPECT_EQ(r.kind, kChat);
+  ASSERT_EQ(r.messages.size(), 4u);
+  EXPECT_EQ(r.messages[0].role, "system");  // developer -> system
+  EXPECT_EQ(r.messages[0].content, "Be brief.");
+  EXPECT_EQ(r.messages[1].content, "Hello, you");
+  EXPECT_EQ(r.messages[2].role, "assistant");
+  EXPECT_EQ(r.messages[2].content, "");
+  EXPECT_EQ(r.messages[3].content, "again");
+}
+
+TEST(OpenAiRequestTest, ChatLogprobsAndMaxCompletionTokens) {
+  CompletionRequest r = ParseOk(kChat, {{"logprobs", true}, {"top_logprobs", 5}});
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 5);
+  r = ParseOk(kChat, {{"logprobs", true}});
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 0);
+  r = ParseOk(kChat, {{"logprobs", false}, {"top_logprobs", 0}});
+  EXPECT_FALSE(r.logprobs);
+  // Completions' logprobs 0: the sampled token's log-probability, no alternatives.
+  r = ParseOk(kCmpl, {{"logprobs", 0}});
+  EXPECT_TRUE(r.logprobs);
+  EXPECT_EQ(r.sampling.top_logprobs, 0);
+  // Both given: max_completion_tokens wins, also when max_tokens alone would be refused.
+  r = ParseOk(kChat, {{"max_tokens", 0}, {"max_completion_tokens", 9}});
+  EXPECT_EQ(r.max_tokens, 9);
+  EXPECT_EQ(ParseOk(kChat, {{"max_tokens", 5}}).max_tokens, 5);
+  EXPECT_EQ(ParseOk(kCmpl, {{"max_tokens", 2147483647}}).max_tokens, 2147483647);
+}
+
+TEST(OpenAiRequestTest, SeedsTopKAndPop) {
+  EXPECT_EQ(ParseOk(kCmpl, {{"seed", -1}}).sampling.seed, UINT64_MAX);
+  EXPECT_EQ(ParseOk(kCmpl, {{"seed", UINT64_MAX}}).sampling.seed, UINT64_MAX);
+  EXPECT_EQ(ParseOk(kCmpl, {{"seed", 0}}).sampling.seed, 0u);
+  EXPECT_TRUE(ParseOk(kCmpl, {{"seed", 0}}).has_seed);
+  // A positive top_p too small for a float keeps its meaning (the likeliest token only).
+  EXPECT_GT(ParseOk(kCmpl, {{"top_p", 1e-300}}).sampling.top_p, 0.0f);
+  EXPECT_FLOAT_EQ(ParseOk(kCmpl, {{"repetition_penalty", 0.01}}).sampling.repetition_penalty,
+                  0.01f);
+  EXPECT_FLOAT_EQ(ParseOk(kCmpl, {{"repetition_penalty", 100}}).sampling.repetition_penalty,
+                  100.0f);
+  EXPECT_EQ(ParseOk(kCmpl, {{"top_k", -1}}).sampling.top_k, 0);
+  EXPECT_EQ(ParseOk(kCmpl, {{"top_k", 0}}).sampling.top_k, 0);
+  EXPECT_EQ(ParseOk(kCmpl, {{"stop", "x"}}).stop, std::vector<std::string>{"x"});
+
+  auto pop = [](const json& v) { return ParseOk(kCmpl, {{"tripod", {{"pop", v}}}}).pop; };
+  EXPECT_EQ(pop("off").kind, PopChoice::Kind::kOff);
+  EXPECT_EQ(pop("on").kind, PopChoice::Kind::kOn);
+  EXPECT_EQ(pop("").kind, PopChoice::Kind::kDefault);
+  EXPECT_EQ(pop("0.25").ratio, "0.25");
+  EXPECT_EQ(pop(" 1/3 ").ratio, "1/3");
+  EXPECT_EQ(pop(0.25).kind, PopChoice::Kind::kRatio);
+  EXPECT_EQ(pop(0.25).ratio, "0.25");
+  EXPECT_EQ(pop(0).ratio, "0");
+  EXPECT_EQ(pop(0.999).ratio, "0.999");
+  EXPECT_EQ(ParseOk(kCmpl, {{"tripod", {{"method", ""}}}}).method, "");
+}
+
+struct Refusal {
+  ApiKind kind;
+  json extra;         // merged into a valid body
+  std::string param;  // expected error param
+  std::string words;  // expected in the message
+};
+
+TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
+  const std::vector<Refusal> cases = {
+      {kCmpl, {{"model", nullptr}}, "model", "model"},
+      {kCmpl, {{"model", 5}}, "model", "must be a string"},
+      {kCmpl, {{"model", ""}}, "model", "model"},
+      {kCmpl, {{"prompt", nullptr}}, "prompt", "required"},
+      {kCmpl, {{"prompt", ""}}, "prompt", "empty"},
+      {kCmpl, {{"prompt", json::array()}}, "prompt", "empty"},
+      {kCmpl, {{"prompt", {json::array()}}}, "prompt", "empty"},
+      {kCmpl, {{"prompt", {"a", "b"}}}, "prompt", "one prompt"},
+      {kCmpl, {{"prompt", {{1}, {2}}}}, "prompt", "one prompt"},
+      {kCmpl, {{"prompt", {1, "a"}}}, "prompt", "prompt[1]"},
+      {kCmpl, {{"prompt", {1, -2}}}, "prompt", "token id"},
+      {kCmpl, {{"prompt", {1.5}}}, "prompt", "token id"},
+      {kCmpl, {{"prompt", {4294967296LL}}}, "prompt", "token id"},
+      {kCmpl, {{"prompt", 5}}, "prompt", "a string, a list"},
+      {kCmpl, {{"prompt", {{"x", 1}}}}, "prompt", "a string, a list"},
+      {kCmpl, {{"prompt", {true}}}, "prompt", "a string, a list"},
+      {kChat, {{"messages", nullptr}}, "messages", "required"},
+      {kChat, {{"messages", json::array()}}, "messages", "empty"},
+      {kChat, {{"messages", "hi"}}, "messages", "list"},
+      {kChat, {{"messages", {"hi"}}}, "messages[0]", "object"},
+      {kChat, {{"messages", {{{"content", "x"}}}}}, "messages[0].role", "required"},
+      {kChat, {{"messages", {{{"role", 1}, {"content", "x"}}}}}, "messages[0].role", "string"},
+      {kChat, {{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages[0].role", "tool"},
+      {kChat,
+       {{"messages", {{{"role", "wizard"}, {"content", "x"}}}}},
+       "messages[0].role",
+       "one of system, user, assistant"},
+      {kChat, {{"messages", {{{"role", "user"}}}}}, "messages[0].content", "required"},
+      {kChat,
+       {{"messages", {{{"role", "user"}, {"content", 3}}}}},
+       "messages[0].content",
+       "string or a list"},
+      {kChat,
+       {{"messages",
+         {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "u"}}}}}}}},
+       "messages[0].content[0].type",
+       "only text"},
+      {kChat,
+       {{"messages", {{{"role", "user"}, {"content", {{{"type", "text"}}}}}}}},
+       "messages[0].content[0].text",
+       "string"},
+      {kCmpl, {{"max_tokens", 0}}, "max_tokens", "[1, 2147483647]"},
+      {kCmpl, {{"max_tokens", -5}}, "max_tokens", "got -5"},
+      {kCmpl, {{"max_tokens", 2147483648LL}}, "max_tokens", "[1, 2147483647]"},
+      {kCmpl, {{"max_tokens", 1.5}}, "max_tokens", "integer"},
+      {kCmpl, {{"max_tokens", "10"}}, "max_tokens", "got a string"},
+      {kCmpl, {{"max_tokens", 1e300}}, "max_tokens", "64 bits"},
+      {kChat, {{"max_completion_tokens", 0}}, "max_completion_tokens", "[1,"},
+      {kCmpl, {{"temperature", -0.1}}, "temperature", "[0, 2]"},
+      {kCmpl, {{"temperature", 2.01}}, "temperature", "[0, 2]"},
+      {kCmpl, {{"temperature", "hot"}}, "temperature", "number"},
+      {kCmpl, {{"temperature", true}}, "temperature", "number"},
+      {kCmpl, {{"top_p", 0}}, "top_p", "(0, 1]"},
+      {kCmpl, {{"top_p", 1.5}}, "top_p", "(0, 1]"},
+      {kCmpl, {{"top_k", -2}}, "top_k", "[-1,"},
+      {kCmpl, {{"top_k", 2.5}}, "top_k", "integer"},
+      {kCmpl, {{"min_p", -0.01}}, "min_p", "[0, 1]"},
+      {kCmpl, {{"min_p", 1.01}}, "min_p", "[0, 1]"},
+      {kCmpl, {{"repetition_penalty", 0}}, "repetition_penalty", "[0.01, 100]"},
+      {kCmpl, {{"repetition_penalty", -1}}, "repetition_penalty", "[0.01, 100]"},
+      {kCmpl, {{"repetition_penalty", 1e300}}, "repetition_penalty", "[0.01, 100]"},
+      {kCmpl, {{"repetition_penalty", 1e-50}}, "repetition_penalty", "[0.01, 100]"},
+      {kCmpl, {{"presence_penalty", 2.5}}, "presence_penalty", "[-2, 2]"},
+      {kCmpl, {{"frequency_penalty", -3}}, "frequency_penalty", "[-2, 2]"},
+      {kCmpl, {{"stop", 5}}, "stop", "string or a list"},
+      {kCmpl, {{"stop", {"a", 1}}}, "stop", "stop[1]"},
+      {kCmpl, {{"stop", {""}}}, "stop", "1 to 256 bytes"},
+      {kCmpl, {{"stop", std::string(257, 'x')}}, "stop", "got 257"},
+      {kCmpl, {{"stop", std::vector<std::string>(17, "s")}}, "stop", "at most 16"},
+      {kCmpl, {{"seed", 1.5}}, "seed", "integer"},
+      {kCmpl, {{"seed", "1"}}, "seed", "integer"},
+      {kCmpl, {{"seed", 1e30}}, "seed", "integer"},
+      {kCmpl, {{"n", 2}}, "n", "must be 1"},
+      {kCmpl, {{"n", 0}}, "n", "must be 1"},
+      {kCmpl, {{"n", "1"}}, "n", "integer"},
+      {kCmpl, {{"best_of", 3}}, "best_of", "must be 1"},
+      {kCmpl, {{"logprobs", 21}}, "logprobs", "[0, 20]"},
+      {kCmpl, {{"logprobs", -1}}, "logprobs", "[0, 20]"},
+      {kCmpl, {{"logprobs", true}}, "logprobs", "integer"},
+      {kChat, {{"logprobs", 3}}, "logprobs", "boolean"},
+      {kChat, {{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs", "[0, 20]"},
+      {kChat, {{"top_logprobs", 2}}, "top_logprobs", "logprobs"},
+      {kCmpl, {{"echo", true}}, "echo", "not supported"},
+      {kCmpl, {{"echo", "no"}}, "echo", "boolean"},
+      {kCmpl, {{"suffix", "tail"}}, "suffix", "not supported"},
+      {kCmpl, {{"logit_bias", {{"50256", -100}}}}, "logit_bias", "not supported"},
+      {kChat, {{"tools", {{{"type", "function"}}}}}, "tools", "not supported"},
+      {kChat, {{"response_format", {{"type", "json_object"}}}}, "response_format", "text"},
+      {kCmpl, {{"user", 1}}, "user", "string"},
+      {kCmpl, {{"stream", "yes"}}, "stream", "boolean"},
+      {kCmpl, {{"stream_options", {{"include_usage", true}}}}, "stream_options", "stream"},
+      {kCmpl,
+       {{"stream", false}, {"stream_options", {{"include_usage", true}}}},
+       "stream_options",
+       "stream"},
+      {kCmpl, {{"stream", true}, {"stream_options", 1}}, "stream_options", "object"},
+      {kCmpl,
+       {{"stream", true}, {"stream_options", {{"include_usage", 1}}}},
+       "stream_options.include_usage",
+       "boolean"},
+      {kCmpl, {{"ignore_eos", 1}}, "ignore_eos", "boolean"},
+      {kCmpl, {{"tripod", "fast"}}, "tripod", "object"},
+      {kCmpl, {{"tripod", {{"pop", "sometimes"}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"pop", "1"}}}}, "tripod.pop", "[0, 1)"},
+      {kCmpl, {{"tripod", {{"pop", "1/0"}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"pop", "-0.1"}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"pop", "nan"}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"pop", "1/2/3"}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"pop", 1}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"pop", true}}}}, "tripod.pop", "ratio"},
+      {kCmpl, {{"tripod", {{"method", "speckv"}}}}, "tripod.method", "not available yet"},
+      {kCmpl, {{"tripod", {{"method", 3}}}}, "tripod.method", "string"},
+      {kCmpl, {{"tripod", {{"budget", -1}}}}, "tripod.budget", "[0,"},
+      {kCmpl, {{"tripod", {{"budget", "9"}}}}, "tripod.budget", "integer"},
+  };
+  for (const Refusal& c : cases) {
+    SCOPED_TRACE(c.extra.dump());
+    const ApiError e = ParseErr(c.kind, Body(c.kind, c.extra));
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_EQ(e.param, c.param);
+    EXPECT_THAT(e.message, HasSubstr(c.words));
+  }
+}
+
+TEST(OpenAiRequestTest, BodiesThatAreNotJsonObjects) {
+  for (const char* body : {"", "{", "not json", "[1,2]", "\"str\"", "42", "null",
+                           "{\"model\": \"m\",}", "{\"prompt\": \"\xff\"}"}) {
+    SCOPED_TRACE(body);
+    const ApiError e = ParseErr(kCmpl, body);
+    EXPECT_EQ(e.http_status, 400);
+    EXPECT_EQ(e.param, "");
+    EXPECT_THAT(e.message, HasSubstr("request body"));
+  }
+  // Deep nesting is refused before parsing; brackets inside strings do not count.
+  const std::string deep = "{\"x\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_THAT(ParseErr(kCmpl, deep).message, HasSubstr("deeper than"));
+  json ok = json::parse(Body(kCmpl, json::object()));
+  ok["prompt"] = std::string(1000, '[');
+  auto r = ParseCompletionBody(ok.dump(), kCmpl);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r));
+  EXPECT_EQ(std::get<CompletionRequest>(r).prompt_text, std::string(1000, '['));
+}
+
+TEST(OpenAiRequestTest, HostileNumbersAreRefusedNotStored) {
+  // 1e999 overflows a double: the JSON parser refuses the body. Integers past 2^64 parse as
+  // floats: refused by the field's check.
+  EXPECT_THAT(ParseErr(kCmpl, R"({"model":"m","prompt":"x","temperature":1e999})").message,
+              HasSubstr("not valid JSON"));
+  EXPECT_EQ(
+      ParseErr(kCmpl, R"({"model":"m","prompt":"x","max_tokens":99999999999999999999999})").param,
+      "max_tokens");
+  EXPECT_EQ(ParseErr(kCmpl, R"({"model":"m","prompt":"x","seed":-99999999999999999999999})").param,
+            "seed");
+}
+
+TEST(OpenAiRequestTest, ParsePopChoiceDirectly) {
+  auto ok = [](std::string_view s) { return std::holds_alternative<PopChoice>(ParsePopChoice(s)); };
+  EXPECT_TRUE(ok("0"));
+  EXPECT_TRUE(ok("2/3"));
+  EXPECT_TRUE(ok("0.999"));
+  EXPECT_FALSE(ok("3/2"));
+  EXPECT_FALSE(ok("inf"));
+  EXPECT_FALSE(ok("1/inf/2"));
+  EXPECT_FALSE(ok("ON"));
+}
+
+// The gRPC path: same struct, same checks, same messages.
+TEST(OpenAiRequestTest, ProtoFieldsMapLikeJson) {
+  tripod::v1::CompletionRequest p;
+  p.set_prompt("hello");
+  p.set_max_tokens(7);
+  p.set_temperature(0.5f);
+  p.set_top_p(0.9f);
+  p.set_top_k(-1);
+  p.set_min_p(0.1f);
+  p.set_repetition_penalty(1.2f);
+  p.set_presence_penalty(0.5f);
+  p.set_frequency_penalty(-0.5f);
+  p.add_stop("END");
+  p.set_seed(9);
+  p.set_n(1);
+  p.set_logprobs(2);
+  p.set_ignore_eos(true);
+  p.set_user("u");
+  p.mutable_tripod()->set_pop("off");
+  p.mutable_tripod()->set_budget(5);
+  auto r = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  const CompletionRequest& c = std::get<CompletionRequest>(r);
+  EXPECT_EQ(c.kind, kCmpl);
+  EXPECT_EQ(c.model, "");  // the served model
+  EXPECT_EQ(c.prompt_text, "hello");
+  EXPECT_EQ(c.max_tokens, 7);
+  EXPECT_FLOAT_EQ(c.sampling.temperature, 0.5f);
+  EXPECT_EQ(c.sampling.top_k, 0);
+  EXPECT_FLOAT_EQ(c.sampling.repetition_penalty, 1.2f);
+  EXPECT_EQ(c.stop, std::vector<std::string>{"END"});
+  EXPECT_TRUE(c.has_seed);
+  EXPECT_EQ(c.sampling.seed, 9u);
+  EXPECT_TRUE(c.logprobs);
+  EXPECT_EQ(c.sampling.top_logprobs, 2);
+  EXPECT_TRUE(c.ignore_eos);
+  EXPECT_EQ(c.user, "u");
+  EXPECT_EQ(c.pop.kind, PopChoice::Kind::kOff);
+  EXPECT_EQ(c.budget, 5);
+  EXPECT_FALSE(c.stream);
+
+  // Unset optionals are the defaults.
+  tripod::v1::CompletionRequest bare;
+  bare.mutable_prompt_ids()->add_ids(3);
+  auto rb = CompletionRequestFromProto(bare);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(rb));
+  const CompletionRequest& b = std::get<CompletionRequest>(rb);
+  EXPECT_TRUE(b.prompt_is_ids);
+  EXPECT_EQ(b.prompt_ids, std::vector<int32_t>{3});
+  EXPECT_EQ(b.max_tokens, -1);
+  EXPECT_FLOAT_EQ(b.sampling.temperature, 1.0f);
+  EXPECT_FALSE(b.logprobs);
+  EXPECT_FALSE(b.has_seed);
+
+  tripod::v1::CompletionRequest chat;
+  auto* m = chat.mutable_messages()->add_messages();
+  m->set_role("developer");
+  m->set_content("x");
+  chat.mutable_messages()->add_messages()->set_role("user");
+  auto rc = CompletionRequestFromProto(chat);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(rc));
+  EXPECT_EQ(std::get<CompletionRequest>(rc).kind, kChat);
+  EXPECT_EQ(std::get<CompletionRequest>(rc).messages[0].role, "system");
+}
+
+TEST(OpenAiRequestTest, ProtoRefusalsMatchJson) {
+  struct Case {
+    void (*set)(tripod::v1::CompletionRequest*);
+    json extra;  // the same value over HTTP
+  };
+  const std::vector<Case> cases = {
+      {[](tripod::v1::CompletionRequest* p) { p->set_max_tokens(0); }, {{"max_tokens", 0}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_temperature(3); }, {{"temperature", 3}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_top_p(0); }, {{"top_p", 0}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_top_k(-5); }, {{"top_k", -5}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_min_p(2); }, {{"min_p", 2}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_repetition_penalty(0); },
+       {{"repetition_penalty", 0}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_presence_penalty(-3); },
+       {{"presence_penalty", -3}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_frequency_penalty(3); },
+       {{"frequency_penalty", 3}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_n(2); }, {{"n", 2}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_logprobs(21); }, {{"logprobs", 21}}},
+      {[](tripod::v1::CompletionRequest* p) {
+         const std::vector<std::string> stops(17, "s");
+         p->mutable_stop()->Assign(stops.begin(), stops.end());
+       },
+       {{"stop", std::vector<std::string>(17, "s")}}},
+      {[](tripod::v1::CompletionRequest* p) { p->add_stop(); }, {{"stop", {""}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->mutable_tripod()->set_pop("2"); },
+       {{"tripod", {{"pop", "2"}}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->mutable_tripod()->set_method("specpc"); },
+       {{"tripod", {{"method", "specpc"}}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->mutable_tripod()->set_budget(-1); },
+       {{"tripod", {{"budget", -1}}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_prompt(""); }, {{"prompt", ""}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra.dump());
+    tripod::v1::CompletionRequest p;
+    p.set_prompt("hello");
+    c.set(&p);
+    auto r = CompletionRequestFromProto(p);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+    const ApiError from_proto = std::get<ApiError>(r);
+    const ApiError from_json = ParseErr(kCmpl, Body(kCmpl, c.extra));
+    EXPECT_EQ(from_proto.param, from_json.param);
+    EXPECT_EQ(from_proto.message, from_json.message);
+    EXPECT_EQ(from_proto.http_status, 400);
+  }
+
+  tripod::v1::CompletionRequest none;
+  auto r = CompletionRequestFromProto(none);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "prompt");
+
+  tripod::v1::CompletionRequest neg;
+  neg.mutable_prompt_ids()->add_ids(-3);
+  r = CompletionRequestFromProto(neg);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "prompt_ids");
+
+  tripod::v1::CompletionRequest empty_ids;
+  empty_ids.mutable_prompt_ids();
+  r = CompletionRequestFromProto(empty_ids);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_THAT(std::get<ApiError>(r).message, HasSubstr("empty"));
+
+  tripod::v1::CompletionRequest tool;
+  auto* m = tool.mutable_messages()->add_messages();
+  m->set_role("tool");
+  r = CompletionRequestFromProto(tool);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "messages[0].role");
+
+  tripod::v1::CompletionRequest no_messages;
+  no_messages.mutable_messages();
+  r = CompletionRequestFromProto(no_messages);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(r));
+  EXPECT_EQ(std::get<ApiError>(r).param, "messages");
+}
+
+}  // namespace
+}  // namespace tripod::scheduler
