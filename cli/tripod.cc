@@ -262,12 +262,17 @@ absl::Status Logits() {
 absl::Status PopImportanceMain();                 // cli/pop_importance.cc
 absl::Status EvalPopMain(int argc, char** argv);  // cli/eval_pop.cc
 absl::Status PrefillMain();                       // cli/prefill.cc
+absl::Status ServeMain();                         // cli/serve.cc
 
 }  // namespace tripod
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "tripod <command> [flags]\n"
+      "  serve      the OpenAI-compatible service: scheduler and workers as child processes on\n"
+      "             loopback: --port 8000 --host 127.0.0.1 --model M --pop 1/3\n"
+      "             --prefill_workers 1 --decode_workers 1 --threads N (each worker's; default:\n"
+      "             the cores split among the workers)\n"
       "  generate   stream a completion: --prompt TEXT | --chat MESSAGE | --chat '' (interactive)\n"
       "  logits     write raw float32 logits of --ids to --out (reference tests)\n"
       "  pop-importance  per-layer prefill/decode importance for POP: --corpus --out\n"
@@ -298,10 +303,15 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", absl::ProgramUsageMessage().data());
     return 2;
   }
-  if (absl::GetFlag(FLAGS_threads) > 0) tripod::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   const std::string cmd = args[1];
+  // serve computes nothing itself: its --threads is the workers'.
+  if (absl::GetFlag(FLAGS_threads) > 0 && cmd != "serve") {
+    tripod::SetComputeThreads(absl::GetFlag(FLAGS_threads));
+  }
   absl::Status status;
-  if (cmd == "generate") {
+  if (cmd == "serve") {
+    status = tripod::ServeMain();
+  } else if (cmd == "generate") {
     status = tripod::Generate();
   } else if (cmd == "logits") {
     status = tripod::Logits();

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/utf8.h"
 #include "common/rpc/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
 #include "spdlog/spdlog.h"
@@ -56,7 +57,7 @@ v1::FinishReason FinishToWire(FinishReason f) {
 void EventToWire(const TokenEvent& ev, v1::GenerateResponse* out) {
   out->set_token(ev.token);
   out->set_index(ev.index);
-  out->set_text(ev.text);
+  out->set_text(ToValidUtf8(ev.text));  // a string field: an ill-formed byte fails the parse
   out->set_logprob(ev.logprob);
   for (const TokenLogprob& t : ev.top_logprobs) {
     v1::TopLogprob* p = out->add_top_logprobs();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/utf8.h"
 #include "scheduler/openai_json.h"
 
 namespace tripod::scheduler {
@@ -104,12 +105,12 @@ void FillProtoLogprobs(const ResponseContext& ctx, std::span<const GeneratedToke
   for (const GeneratedToken& t : tokens) {
     if (!HasToken(t)) continue;
     tripod::v1::TokenLogprob* lp = out->Add();
-    lp->set_token(TokenPiece(tokenizer, t.id));
+    lp->set_token(ToValidUtf8(TokenPiece(tokenizer, t.id)));
     lp->set_id(t.id);
     lp->set_logprob(t.logprob);
     for (size_t i = 0; i < TopCount(ctx, t); ++i) {
       tripod::v1::TopTokenLogprob* top = lp->add_top();
-      top->set_token(TokenPiece(tokenizer, t.top[i].id));
+      top->set_token(ToValidUtf8(TokenPiece(tokenizer, t.top[i].id)));
       top->set_id(t.top[i].id);
       top->set_logprob(t.top[i].logprob);
     }
@@ -325,7 +326,7 @@ std::string ModelsListBody(std::span<const ModelCard> models) {
 void FillCompletionChunk(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
                          const Tokenizer& tokenizer, tripod::v1::CompletionChunk* out) {
   out->set_id(ctx.id);
-  out->set_text(JoinText(tokens));
+  out->set_text(ToValidUtf8(JoinText(tokens)));
   FillProtoLogprobs(ctx, tokens, tokenizer, out->mutable_logprobs());
 }
 
@@ -343,7 +344,7 @@ void FillCompletionResponse(const ResponseContext& ctx, std::span<const Generate
   out->set_id(ctx.id);
   out->set_model(ctx.model);
   out->set_created(ctx.created);
-  out->set_text(JoinText(tokens));
+  out->set_text(ToValidUtf8(JoinText(tokens)));
   for (const GeneratedToken& t : tokens) {
     if (HasToken(t)) out->add_token_ids(t.id);
   }

@@ -1,0 +1,645 @@
+// `tripod serve`: the whole service on one machine. Starts the decode and prefill workers and then
+// the scheduler as child processes on loopback (the scheduler's HTTP API on --host:--port), waits
+// until the scheduler's /health answers 200, prints the URL, and then supervises: a child that
+// dies is started again on the ports it had, after a backoff, so the addresses the scheduler was
+// given stay right. SIGINT/SIGTERM stop the scheduler first (it drains requests that need the
+// workers), then the workers: SIGTERM, a bounded wait, SIGKILL for stragglers, exit 0.
+//
+// The child binaries (tripod-prefill, tripod-decode, tripod-scheduler) are the ones next to this
+// binary. Each child runs in its own process group, so a terminal's Ctrl-C reaches only us and
+// the shutdown keeps its order, and gets PR_SET_PDEATHSIG, so none outlives a `tripod serve`
+// killed with SIGKILL.
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model/bundled_model.h"
+#include "common/util/status_macros.h"
+#include "prefill_node/pop_config.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(int, threads);
+ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
+
+ABSL_FLAG(int, port, 8000, "serve: the API's HTTP port (0: any free port)");
+ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address the API listens on");
+ABSL_FLAG(std::string, pop, "1/3",
+          "serve: POP ratio the prefill workers load, e.g. 1/3 or 0.25 (0: full model)");
+ABSL_FLAG(int, prefill_workers, 1, "serve: prefill worker processes (0: decode workers prefill)");
+ABSL_FLAG(int, decode_workers, 1, "serve: decode worker processes");
+ABSL_FLAG(bool, workers_only, false,
+          "serve: start and supervise the workers only, no scheduler (for debugging)");
+
+namespace tripod {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr auto kWorkerStartTimeout = std::chrono::seconds(300);  // model load, big models
+constexpr auto kHealthTimeout = std::chrono::seconds(120);
+constexpr auto kStopTimeout = std::chrono::seconds(15);  // above the workers' 10 s grace
+constexpr auto kKillTimeout = std::chrono::seconds(5);
+constexpr auto kFirstBackoff = std::chrono::seconds(1);
+constexpr auto kMaxBackoff = std::chrono::seconds(30);
+constexpr auto kStableRun = std::chrono::seconds(60);  // a run this long resets the backoff
+
+std::string JoinHostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
+// Where a client on this machine reaches a server listening on `host` (a wildcard is not an
+// address to connect to).
+std::string ReachableHost(const std::string& host) {
+  if (host.empty() || host == "0.0.0.0") return "127.0.0.1";
+  if (host == "::" || host == "[::]") return "::1";
+  return host;
+}
+
+struct Child {
+  std::string name;               // "decode-0", "prefill-0", "scheduler"
+  std::string binary;             // absolute path
+  std::vector<std::string> args;  // every flag but the addresses and the port file
+  std::string grpc_host = "127.0.0.1", http_host = "127.0.0.1";
+  int grpc_port = 0, http_port = 0;  // 0 until the first start's port file tells them
+  std::string port_file;
+  pid_t pid = 0;       // 0: not running
+  pid_t last_pid = 0;  // the latest run's, for the logs
+  Clock::time_point started{}, restart_at{};
+  Clock::duration backoff = kFirstBackoff;
+  int restarts = 0;
+  bool listening = false;  // its port file has appeared since the last start
+  std::vector<int> cpus;   // the CPUs it may run on; empty: any
+};
+
+// {"grpc_port":N,"http_port":M} as the workers write it; nullopt until the file is whole (it is
+// written to a temporary name and renamed, so a partial file is never seen).
+std::optional<std::pair<int, int>> ReadPortFile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return std::nullopt;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string text = ss.str();
+  auto field = [&](const std::string& key) -> int {
+    const size_t at = text.find("\"" + key + "\"");
+    if (at == std::string::npos) return -1;
+    size_t i = text.find(':', at);
+    if (i == std::string::npos) return -1;
+    ++i;
+    while (i < text.size() && text[i] == ' ') ++i;
+    size_t j = i;
+    while (j < text.size() && text[j] >= '0' && text[j] <= '9') ++j;
+    int v = -1;
+    return absl::SimpleAtoi(text.substr(i, j - i), &v) ? v : -1;
+  };
+  const int g = field("grpc_port"), h = field("http_port");
+  if (g <= 0 || h <= 0) return std::nullopt;
+  return std::make_pair(g, h);
+}
+
+// The status code of GET http://host:port/path, or an error; every step bounded by `timeout`.
+absl::StatusOr<int> HttpGetStatus(const std::string& host, int port, const std::string& path,
+                                  milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  auto left_ms = [&] {
+    return static_cast<int>(std::max<int64_t>(
+        0, std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count()));
+  };
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* ai = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &ai) != 0 || !ai) {
+    return absl::InvalidArgumentError(absl::StrCat("not a numeric address: ", host));
+  }
+  const int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    freeaddrinfo(ai);
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  const int rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+  freeaddrinfo(ai);
+  std::unique_ptr<int, void (*)(int*)> closer(new int(fd), [](int* p) {
+    close(*p);
+    delete p;
+  });
+  auto wait_for = [&](short events) -> bool {
+    pollfd p{fd, events, 0};
+    return poll(&p, 1, left_ms()) == 1;
+  };
+  if (rc != 0) {
+    if (errno != EINPROGRESS || !wait_for(POLLOUT)) {
+      return absl::UnavailableError("connect timed out or failed");
+    }
+    int err = 0;
+    socklen_t len = sizeof(err);
+    getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) return absl::UnavailableError(absl::StrCat("connect: ", std::strerror(err)));
+  }
+  const std::string req =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", JoinHostPort(host, port),
+                   "\r\nConnection: close\r\n\r\n");
+  size_t sent = 0;
+  while (sent < req.size()) {
+    if (!wait_for(POLLOUT)) return absl::DeadlineExceededError("send timed out");
+    const ssize_t n = send(fd, req.data() + sent, req.size() - sent, MSG_NOSIGNAL);
+    if (n < 0 && errno != EAGAIN && errno != EINTR) {
+      return absl::UnavailableError(absl::StrCat("send: ", std::strerror(errno)));
+    }
+    if (n > 0) sent += static_cast<size_t>(n);
+  }
+  // The status line is all we need: "HTTP/1.x NNN ...".
+  std::string head;
+  while (head.find("\r\n") == std::string::npos && head.size() < 4096) {
+    if (!wait_for(POLLIN)) return absl::DeadlineExceededError("no answer in time");
+    char buf[1024];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return absl::UnavailableError(absl::StrCat("recv: ", std::strerror(errno)));
+    }
+    head.append(buf, static_cast<size_t>(n));
+  }
+  int code = 0;
+  if (head.size() < 12 || !absl::StartsWith(head, "HTTP/1.") ||
+      !absl::SimpleAtoi(head.substr(9, 3), &code)) {
+    return absl::DataLossError("not an HTTP response");
+  }
+  return code;
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return "stopped";
+}
+
+class Supervisor {
+ public:
+  // At most `capacity` children: Add hands out references that must stay valid.
+  Supervisor(std::string tmp_dir, std::vector<std::string> env, size_t capacity)
+      : tmp_dir_(std::move(tmp_dir)), env_(std::move(env)) {
+    children_.reserve(capacity);
+  }
+
+  ~Supervisor() {
+    // Whatever happened, no child is left behind, none unreaped, no temporary file.
+    StopAll();
+    for (const Child& c : children_) unlink(c.port_file.c_str());
+    rmdir(tmp_dir_.c_str());
+  }
+
+  Child& Add(Child c) {
+    if (children_.size() == children_.capacity()) std::abort();  // would move the others
+    c.port_file = absl::StrCat(tmp_dir_, "/", c.name, ".json");
+    children_.push_back(std::move(c));
+    return children_.back();
+  }
+  std::vector<Child>& children() { return children_; }
+  bool stop_requested() const { return stop_requested_; }
+
+  absl::Status Start(Child& c) {
+    unlink(c.port_file.c_str());
+    std::vector<std::string> argv = {c.binary};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    argv.push_back("--listen=" + JoinHostPort(c.grpc_host, c.grpc_port));
+    argv.push_back("--http_listen=" + JoinHostPort(c.http_host, c.http_port));
+    argv.push_back("--port_file=" + c.port_file);
+    // Everything the child needs is built before fork: between fork and exec only
+    // async-signal-safe calls.
+    std::vector<char*> av, ev;
+    for (std::string& a : argv) av.push_back(a.data());
+    av.push_back(nullptr);
+    for (std::string& e : env_) ev.push_back(e.data());
+    ev.push_back(nullptr);
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    for (int cpu : c.cpus) CPU_SET(cpu, &cpus);
+    const pid_t parent = getpid();
+    const pid_t pid = fork();
+    if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+    if (pid == 0) {
+      setpgid(0, 0);
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != parent) _exit(127);  // the parent died before prctl took effect
+      sigset_t none;
+      sigemptyset(&none);
+      sigprocmask(SIG_SETMASK, &none, nullptr);
+      signal(SIGPIPE, SIG_DFL);
+      if (!c.cpus.empty()) sched_setaffinity(0, sizeof(cpus), &cpus);
+      const int null_fd = open("/dev/null", O_RDONLY);
+      if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+      // Their logs (tripod-decode's go to stdout) join ours on stderr: our stdout carries only
+      // the URL, for whoever reads it.
+      dup2(STDERR_FILENO, STDOUT_FILENO);
+      execve(av[0], av.data(), ev.data());
+      static const char kMsg[] = "tripod serve: exec failed\n";
+      ssize_t ignored = write(STDERR_FILENO, kMsg, sizeof(kMsg) - 1);
+      (void)ignored;
+      _exit(127);
+    }
+    c.pid = pid;
+    c.last_pid = pid;
+    c.started = Clock::now();
+    c.listening = false;
+    return absl::OkStatus();
+  }
+
+  // Waits up to `d` for a signal; reaps exited children (their pid becomes 0 and `on_exit` is
+  // told); SIGINT, SIGTERM or SIGHUP sets stop_requested() (a second one: kill_now_).
+  template <typename OnExit>
+  void Poll(milliseconds d, OnExit&& on_exit) {
+    sigset_t set = Signals();
+    timespec ts{static_cast<time_t>(d.count() / 1000),
+                static_cast<long>(d.count() % 1000) * 1000000};
+    siginfo_t info;
+    const int sig = sigtimedwait(&set, &info, &ts);
+    if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) {
+      if (stop_requested_) kill_now_ = true;
+      stop_requested_ = true;
+    }
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (Child& c : children_) {
+        if (c.pid == pid) {
+          c.pid = 0;
+          on_exit(c, status);
+        }
+      }
+    }
+  }
+  void Poll(milliseconds d) {
+    Poll(d, [](Child&, int) {});
+  }
+
+  // SIGTERM to those of `which` running, then waits for them (bounded), then SIGKILL.
+  void Stop(const std::vector<Child*>& which) {
+    bool any = false;
+    for (Child* c : which) {
+      if (c->pid > 0) {
+        kill(c->pid, SIGTERM);
+        any = true;
+      }
+    }
+    if (!any) return;
+    auto running = [&] {
+      return std::any_of(which.begin(), which.end(), [](Child* c) { return c->pid > 0; });
+    };
+    const auto until = Clock::now() + kStopTimeout;
+    while (running() && Clock::now() < until && !kill_now_) Poll(milliseconds(50));
+    for (Child* c : which) {
+      if (c->pid > 0) {
+        std::fprintf(stderr, "tripod serve: %s (pid %d) did not stop in time: SIGKILL\n",
+                     c->name.c_str(), c->pid);
+        kill(c->pid, SIGKILL);
+      }
+    }
+    const auto kill_until = Clock::now() + kKillTimeout;
+    while (running() && Clock::now() < kill_until) Poll(milliseconds(20));
+  }
+
+  // The scheduler first (its requests in flight need the workers), then the workers.
+  void StopAll() {
+    std::vector<Child*> front, workers;
+    for (Child& c : children_) (c.name == "scheduler" ? front : workers).push_back(&c);
+    Stop(front);
+    Stop(workers);
+  }
+
+  static sigset_t Signals() {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGHUP);  // the terminal went away: stop as cleanly as on Ctrl-C
+    sigaddset(&set, SIGCHLD);
+    return set;
+  }
+
+ private:
+  std::string tmp_dir_;
+  std::vector<std::string> env_;
+  std::vector<Child> children_;
+  bool stop_requested_ = false;
+  bool kill_now_ = false;
+};
+
+// Waits until each of `which` (started) has written its port file; an exit or a
+// signal before that is an error (a signal: Cancelled).
+absl::Status AwaitListening(Supervisor& sup, const std::vector<Child*>& which) {
+  const auto until = Clock::now() + kWorkerStartTimeout;
+  std::string died;
+  for (;;) {
+    bool all = true;
+    for (Child* c : which) {
+      if (!c->listening) {
+        if (auto ports = ReadPortFile(c->port_file)) {
+          c->grpc_port = ports->first;
+          c->http_port = ports->second;
+          c->listening = true;
+          unlink(c->port_file.c_str());  // read once; less to leave behind after a SIGKILL
+        }
+      }
+      all = all && c->listening;
+    }
+    if (all) return absl::OkStatus();
+    sup.Poll(milliseconds(50), [&](Child& c, int status) {
+      died =
+          absl::StrCat(c.name, " ", DescribeExit(status), " before it listened (its log is above)");
+    });
+    if (!died.empty()) return absl::UnavailableError(died);
+    if (sup.stop_requested()) return absl::CancelledError("stopped during start-up");
+    if (Clock::now() > until) {
+      return absl::DeadlineExceededError("the workers did not listen within 300 s");
+    }
+  }
+}
+
+// The children's environment, with OMP_WAIT_POLICY=PASSIVE unless the user set a policy: idle
+// OpenMP threads sleep instead of spinning at barriers, where they would take cores from the
+// other workers, the scheduler and gRPC's threads (the threads: see ServeMain). Under load a
+// spinning team is ruinous: `tripod generate --threads 2`, 412-token prompt, 128 tokens, on the
+// 2-vCPU VM at load 8 decoded 5-27 tok/s with the default policy, 84-111 with PASSIVE.
+std::vector<std::string> ChildEnvironment() {
+  std::vector<std::string> env;
+  bool has_policy = false;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (absl::StartsWith(*e, "OMP_WAIT_POLICY=")) has_policy = true;
+    env.emplace_back(*e);
+  }
+  if (!has_policy) env.emplace_back("OMP_WAIT_POLICY=PASSIVE");
+  return env;
+}
+
+// The CPUs this process may run on.
+std::vector<int> AllowedCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cpus;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    }
+  }
+  if (cpus.empty()) cpus.push_back(0);
+  return cpus;
+}
+
+absl::StatusOr<std::string> BinaryDir() {
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  if (n <= 0) return absl::InternalError("cannot read /proc/self/exe");
+  exe[n] = 0;
+  std::string dir(exe);
+  return dir.substr(0, dir.rfind('/'));
+}
+
+std::string ModelStem(const std::string& path) {
+  std::string base = path.substr(path.rfind('/') + 1);
+  if (absl::EndsWith(base, ".gguf")) base.resize(base.size() - 5);
+  return base;
+}
+
+void OnChildExit(Child& c, int status) {
+  const auto ran = Clock::now() - c.started;
+  if (ran >= kStableRun) c.backoff = kFirstBackoff;
+  c.restart_at = Clock::now() + c.backoff;
+  ++c.restarts;
+  std::fprintf(stderr,
+               "tripod serve: %s (pid %d, up %.1f s) %s; restarting it in %.0f s on the same "
+               "ports (restart %d)\n",
+               c.name.c_str(), c.last_pid, std::chrono::duration<double>(ran).count(),
+               DescribeExit(status).c_str(), std::chrono::duration<double>(c.backoff).count(),
+               c.restarts);
+  c.backoff = std::min<Clock::duration>(c.backoff * 2, kMaxBackoff);
+}
+
+}  // namespace
+
+absl::Status ServeMain() {
+  const int port = absl::GetFlag(FLAGS_port);
+  const std::string host = absl::GetFlag(FLAGS_host);
+  const int n_prefill = absl::GetFlag(FLAGS_prefill_workers);
+  const int n_decode = absl::GetFlag(FLAGS_decode_workers);
+  const bool workers_only = absl::GetFlag(FLAGS_workers_only);
+  const std::string pop = absl::GetFlag(FLAGS_pop);
+  if (port < 0 || port > 65535) return absl::InvalidArgumentError("--port must be in 0..65535");
+  if (host.empty()) return absl::InvalidArgumentError("--host is empty");
+  if (n_decode < 1) return absl::InvalidArgumentError("--decode_workers must be at least 1");
+  if (n_prefill < 0) return absl::InvalidArgumentError("--prefill_workers must not be negative");
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    return absl::InvalidArgumentError("--threads must not be negative");
+  }
+  ASSIGN_OR_RETURN(const PopConfig pop_config, ParsePopConfig(pop, ""));
+  if (!(pop_config.ratio >= 0 && pop_config.ratio < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--pop ", pop, " is outside [0, 1)"));
+  }
+  std::string model = absl::GetFlag(FLAGS_model);
+  if (model.empty()) model = BundledModelPath();
+  if (access(model.c_str(), R_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("model ", model,
+                                            " not found (run scripts/setup, or "
+                                            "give --model)"));
+  }
+  if (char* abs = realpath(model.c_str(), nullptr)) {
+    model = abs;
+    std::free(abs);
+  }
+  ASSIGN_OR_RETURN(const std::string dir, BinaryDir());
+  std::vector<std::string> roles = {"tripod-decode"};
+  if (n_prefill > 0) roles.push_back("tripod-prefill");
+  if (!workers_only) roles.push_back("tripod-scheduler");
+  for (const std::string& r : roles) {
+    const std::string path = dir + "/" + r;
+    if (access(path.c_str(), X_OK) != 0) {
+      return absl::NotFoundError(absl::StrCat(r, " not found next to this binary (", path,
+                                              "): build it, e.g. cmake --build build/release "
+                                              "--target tripod-prefill tripod-decode "
+                                              "tripod-scheduler"));
+    }
+  }
+  // Threads: by default the cores are split among the workers, not shared. Disaggregation is
+  // there to keep prefill from disturbing decode; workers whose OpenMP teams share cores stall
+  // at every barrier whenever both compute (a preempted team member holds up its whole parallel
+  // region). Measured with bench/compare_llamaserver.sh on this 2-vCPU VM, tripod only, two
+  // interleaved runs each: split (1 thread each): c16_p512_o128 185-191 output tok/s, TPOT p50
+  // 18-21 ms, TTFT p50 4.7-4.8 s; shared (2 threads each, PASSIVE): 164-172 tok/s, TPOT p50
+  // 49-54 ms, TTFT p50 4.5-4.6 s; 2 each with the spinning OMP_WAIT_POLICY=ACTIVE: 52 tok/s.
+  // What the split costs: a lone long prompt prefills on half the cores (ttft_p2048: 2.8 s split,
+  // 1.5-1.6 s shared). With 2+ threads each, every worker gets its own CPUs (affinity), since
+  // each pins its team within the CPUs it is allowed (common/util/thread_pool.cc). --threads N
+  // gives every worker N threads on any CPU instead (shared).
+  const std::vector<int> allowed = AllowedCpus();
+  const int cores = static_cast<int>(allowed.size());
+  const bool split = absl::GetFlag(FLAGS_threads) == 0;
+  const int threads =
+      split ? std::max(1, cores / (n_prefill + n_decode)) : absl::GetFlag(FLAGS_threads);
+  size_t next_cpu = 0;
+  auto assign_cpus = [&](Child& c) {
+    if (!split || threads < 2) return;  // one thread: no team to pin; the kernel balances
+    c.cpus.assign(allowed.begin() + next_cpu, allowed.begin() + next_cpu + threads);
+    next_cpu += threads;
+  };
+
+  // Signals are taken synchronously (sigtimedwait) in one loop with the children's exits.
+  sigset_t signals = Supervisor::Signals();
+  sigprocmask(SIG_BLOCK, &signals, nullptr);
+  char tmpl[] = "/tmp/tripod-serve.XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) {
+    return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+  }
+  Supervisor sup(tmpl, ChildEnvironment(), static_cast<size_t>(n_prefill + n_decode + 1));
+  const std::vector<std::string> common = {"--model=" + model, absl::StrCat("--threads=", threads),
+                                           "--precision=" + absl::GetFlag(FLAGS_precision)};
+  std::vector<Child*> workers, decoders, prefillers;
+  for (int i = 0; i < n_decode; ++i) {
+    Child c{.name = absl::StrCat("decode-", i), .binary = dir + "/tripod-decode", .args = common};
+    c.args.push_back("--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype));
+    assign_cpus(c);
+    decoders.push_back(&sup.Add(std::move(c)));
+  }
+  for (int i = 0; i < n_prefill; ++i) {
+    Child c{.name = absl::StrCat("prefill-", i), .binary = dir + "/tripod-prefill", .args = common};
+    c.args.push_back("--pop_ratio=" + pop);
+    assign_cpus(c);
+    prefillers.push_back(&sup.Add(std::move(c)));
+  }
+  workers = decoders;
+  workers.insert(workers.end(), prefillers.begin(), prefillers.end());
+  std::fprintf(stderr,
+               "tripod serve: model %s; %d decode and %d prefill worker(s) (POP %s), %d compute "
+               "thread(s) each, %s %d cores\n",
+               model.c_str(), n_decode, n_prefill, pop.c_str(), threads,
+               split ? "splitting" : "sharing", cores);
+  for (Child* w : workers) RETURN_IF_ERROR(sup.Start(*w));
+  if (absl::Status s = AwaitListening(sup, workers); !s.ok()) {
+    return absl::IsCancelled(s) ? absl::OkStatus() : s;
+  }
+  auto addresses = [](const std::vector<Child*>& cs) {
+    std::vector<std::string> out;
+    for (const Child* c : cs) out.push_back(JoinHostPort(c->grpc_host, c->grpc_port));
+    return absl::StrJoin(out, ",");
+  };
+  for (const Child* w : workers) {
+    std::fprintf(stderr, "tripod serve: %s: gRPC %s, HTTP %s (pid %d)\n", w->name.c_str(),
+                 JoinHostPort(w->grpc_host, w->grpc_port).c_str(),
+                 JoinHostPort(w->http_host, w->http_port).c_str(), w->pid);
+  }
+
+  Child* scheduler = nullptr;
+  if (!workers_only) {
+    Child c{.name = "scheduler", .binary = dir + "/tripod-scheduler"};
+    c.args = {"--model=" + model, "--decode=" + addresses(decoders)};
+    if (!prefillers.empty()) c.args.push_back("--prefill=" + addresses(prefillers));
+    c.grpc_host = host;
+    c.http_host = host;
+    c.http_port = port;
+    scheduler = &sup.Add(std::move(c));
+    RETURN_IF_ERROR(sup.Start(*scheduler));
+    if (absl::Status s = AwaitListening(sup, {scheduler}); !s.ok()) {
+      return absl::IsCancelled(s) ? absl::OkStatus() : s;
+    }
+    // Ready once /health says a decode worker is healthy.
+    const std::string probe = ReachableHost(host);
+    const auto until = Clock::now() + kHealthTimeout;
+    std::string died;
+    for (;;) {
+      absl::StatusOr<int> code =
+          HttpGetStatus(probe, scheduler->http_port, "/health", milliseconds(2000));
+      if (code.ok() && *code == 200) break;
+      sup.Poll(milliseconds(200), [&](Child& c, int status) {
+        died = absl::StrCat(c.name, " ", DescribeExit(status),
+                            " during start-up (its log is "
+                            "above)");
+      });
+      if (!died.empty()) return absl::UnavailableError(died);
+      if (sup.stop_requested()) return absl::OkStatus();
+      if (Clock::now() > until) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the scheduler's /health did not answer 200 within 120 s (last: ",
+                         code.ok() ? absl::StrCat("HTTP ", *code) : code.status().ToString(), ")"));
+      }
+    }
+    const std::string url =
+        absl::StrCat("http://", JoinHostPort(probe, scheduler->http_port), "/v1");
+    std::printf(
+        "Tripod is serving %s at %s (Ctrl-C stops it)\n"
+        "  curl %s/completions -H 'Content-Type: application/json' -d '{\"model\": \"%s\", "
+        "\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'\n",
+        ModelStem(model).c_str(), url.c_str(), url.c_str(), ModelStem(model).c_str());
+  } else {
+    std::printf("tripod serve: workers only; decode %s, prefill %s (Ctrl-C stops them)\n",
+                addresses(decoders).c_str(), addresses(prefillers).c_str());
+  }
+  std::fflush(stdout);
+
+  // Supervise until a signal: restart whatever dies, on its own ports, with a backoff.
+  while (!sup.stop_requested()) {
+    sup.Poll(milliseconds(200), [&](Child& c, int status) {
+      if (!sup.stop_requested()) OnChildExit(c, status);
+    });
+    const auto now = Clock::now();
+    for (Child& c : sup.children()) {
+      if (c.pid == 0 && !sup.stop_requested() && now >= c.restart_at) {
+        if (absl::Status s = sup.Start(c); !s.ok()) {
+          std::fprintf(stderr, "tripod serve: restarting %s: %s\n", c.name.c_str(),
+                       s.ToString().c_str());
+          c.restart_at = now + c.backoff;
+          continue;
+        }
+        std::fprintf(stderr, "tripod serve: %s restarted (pid %d)\n", c.name.c_str(), c.pid);
+      }
+      if (c.pid > 0 && !c.listening && ReadPortFile(c.port_file)) {
+        c.listening = true;
+        unlink(c.port_file.c_str());
+        if (c.restarts > 0) {
+          std::fprintf(stderr, "tripod serve: %s listens again on gRPC %d, HTTP %d\n",
+                       c.name.c_str(), c.grpc_port, c.http_port);
+        }
+      }
+    }
+  }
+  std::fprintf(stderr, "tripod serve: stopping\n");
+  sup.StopAll();
+  std::fprintf(stderr, "tripod serve: stopped\n");
+  return absl::OkStatus();
+}
+
+}  // namespace tripod

@@ -1,0 +1,97 @@
+"""`tripod serve`, the README's first command: it starts the scheduler and the workers as child
+processes, prints the URL once the API answers, serves the official openai client, restarts a
+worker that dies (on the same ports), and stops everything on SIGTERM (exit 0, no child left)."""
+
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import openai
+
+from cluster import MODEL, binary, wait_until
+
+MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
+
+
+def children(pid):
+  try:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+      return [int(p) for p in f.read().split()]
+  except FileNotFoundError:
+    return []
+
+
+def comm(pid):
+  try:
+    with open(f"/proc/{pid}/comm") as f:
+      return f.read().strip()
+  except FileNotFoundError:
+    return ""
+
+
+def alive(pid):
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().split()[2] != "Z"
+  except FileNotFoundError:
+    return False
+
+
+def test_serve_starts_serves_restarts_and_stops():
+  env = dict(os.environ)
+  proc = subprocess.Popen([binary("tripod"), "serve", "--port=0", f"--model={MODEL}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                          start_new_session=True)
+  stderr_lines = []
+  threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
+  kids = []
+  try:
+    url_line = {}
+
+    def read_url():
+      url_line["line"] = proc.stdout.readline()
+
+    t = threading.Thread(target=read_url, daemon=True)
+    t.start()
+    t.join(timeout=120)
+    line = url_line.get("line", "")
+    m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", line)
+    assert m, (line, "".join(stderr_lines[-20:]))
+    base = m.group(1)
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
+    r = client.chat.completions.create(model=MODEL_NAME, max_tokens=8, temperature=0,
+                                       messages=[{"role": "user", "content": "Hello!"}])
+    assert r.choices[0].message.content and r.usage.completion_tokens >= 1
+
+    kids = children(proc.pid)
+    names = sorted(comm(k) for k in kids)
+    assert names == ["tripod-decode", "tripod-prefill", "tripod-schedule"], names
+    decode = next(k for k in kids if comm(k) == "tripod-decode")
+    os.kill(decode, signal.SIGKILL)
+    # A new decode worker comes up on the same port; the scheduler routes to it again.
+    wait_until(lambda: any(comm(k) == "tripod-decode" and k != decode
+                           for k in children(proc.pid)), 60, "the decode worker restarted")
+
+    def served():
+      try:
+        return client.completions.create(model=MODEL_NAME, prompt="One, two,", max_tokens=3,
+                                         temperature=0).usage.completion_tokens == 3
+      except openai.APIError:
+        return False
+
+    wait_until(served, 90, "a request served after the restart")
+    kids = children(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    for k in kids:
+      wait_until(lambda: not alive(k), 10, f"child {k} gone")
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait(timeout=30)
+    for k in kids:
+      if alive(k):
+        os.kill(k, signal.SIGKILL)
