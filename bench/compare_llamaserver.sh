@@ -46,6 +46,7 @@ fi
 
 tmp=$(mktemp -d)
 server_pid=""
+server_port=$port
 stop_server() {
   [[ -n "$server_pid" ]] || return 0
   kill -TERM "$server_pid" 2>/dev/null || true
@@ -83,6 +84,25 @@ sys.exit(f"compare_llamaserver: {url} did not answer 200 within {limit:.0f} s")
 EOF
 }
 
+# The first port from $1 up (at most 100 tried) that binds without SO_REUSEADDR: llama-server's
+# cpp-httplib sets only SO_REUSEPORT, so it cannot bind a port whose last server left TIME_WAIT
+# connections behind (the health probes' and the benchmark's) for a minute after it stopped.
+bindable_port() {
+  "$python" - "$1" <<'EOF'
+import socket, sys
+first = int(sys.argv[1])
+for p in range(first, min(first + 100, 65536)):
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+    print(p)
+    sys.exit(0)
+sys.exit(f"compare_llamaserver: no port from {first} to {first + 99} binds")
+EOF
+}
+
 fields=bench,server,workload,concurrency,prompt_tokens,output_tokens,output_tok_s,ttft_p50_s
 fields=$fields,ttft_p99_s,tpot_p50_ms,failed
 # bench_one SERVER WORKLOAD [serve.py flags]: one JSON line; the same ids for every server.
@@ -96,7 +116,7 @@ bench_one() {
     ids=(--save_token_ids "$tmp/ids.json")
   fi
   local rc=0
-  "$python" bench/serve.py --base_url "http://127.0.0.1:$port/v1" --warmup 1 "${ids[@]}" \
+  "$python" bench/serve.py --base_url "http://127.0.0.1:$server_port/v1" --warmup 1 "${ids[@]}" \
     --label server="$server" --label workload="$workload" --fields "$fields" "$@" || rc=$?
   # 3: the line was printed, with failures counted in it; anything else is no result.
   if [[ $rc -ne 0 && $rc -ne 3 ]]; then
@@ -128,10 +148,13 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
   run_llama() {
     local workload=$1 slots=$2 ctx=$3
     shift 3
+    server_port=$(bindable_port "$port") || { status=1; return; }
+    [[ "$server_port" == "$port" ]] ||
+      echo "compare_llamaserver: port $port still held (TIME_WAIT); llama-server on $server_port" >&2
     "$LLAMA_SERVER" -m "$model" -t "$threads" -tb "$threads" -np "$slots" -c "$ctx" \
-      --host 127.0.0.1 --port "$port" >"$tmp/llama.log" 2>&1 &
+      --host 127.0.0.1 --port "$server_port" >"$tmp/llama.log" 2>&1 &
     server_pid=$!
-    if await_health "http://127.0.0.1:$port/health" 300; then
+    if await_health "http://127.0.0.1:$server_port/health" 300; then
       bench_one llama-server "$workload" "$@" || status=1
     else
       tail -n 20 "$tmp/llama.log" >&2

@@ -109,6 +109,7 @@ int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueue
   s->kv_len = base_slots;
   if (s->preemptions == 0) s->cached_slots = attached;
   out.attached_slots += attached;
+  if (s->snapshot == nullptr) out.queried_tokens += static_cast<int>(s->tokens.size());
   q.waiting.pop_front();
   q.running.push_back(s);
   out.admitted.push_back(s);

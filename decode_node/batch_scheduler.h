@@ -62,6 +62,9 @@ struct StepSchedule {
   // Removed from the queues, blocks freed: they can never run (e.g. longer than the cache).
   std::vector<std::pair<SchedSeq*, absl::Status>> failed;
   int attached_slots = 0;  // prefix-cache slots attached at admission
+  // Tokens looked up in the prefix cache at admission (a sequence's whole token list, as vLLM
+  // counts its prefix-cache queries): attached_slots / queried_tokens is the hit rate.
+  int queried_tokens = 0;
   int n_tokens = 0;
 };
 

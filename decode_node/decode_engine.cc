@@ -465,6 +465,7 @@ absl::Status DecodeEngine::Step() {
   stats_.forward_tokens += sched.n_tokens;
   stats_.preemptions += static_cast<int64_t>(sched.preempted.size());
   stats_.prefix_hit_slots += sched.attached_slots;
+  stats_.prefix_queries += sched.queried_tokens;
   stats_.imported += n_imported;
   stats_.max_batch_seqs = std::max(stats_.max_batch_seqs, static_cast<int>(sched.chunks.size()));
   stats_.forward_seconds += forward_s;

@@ -64,6 +64,7 @@ struct DecodeEngineStats {
   int64_t generated_tokens = 0;  // tokens sampled
   int64_t preemptions = 0;
   int64_t prefix_hit_slots = 0;  // slots attached from the prefix cache
+  int64_t prefix_queries = 0;    // tokens looked up in the prefix cache (hit or not)
   int64_t imported = 0;          // sequences admitted by Import (re-imports included)
   int64_t finished = 0;          // requests ended, any reason
   int64_t adopted = 0;           // requests that adopted a reservation's KV

@@ -219,6 +219,7 @@ grpc::Status DecodeService::PushKv(grpc::ServerContext* context,
                         "PushKv: the first chunk names no transfer (transfer_id 0)");
   }
   if (absl::Status st = transfers_->OpenStream(id); !st.ok()) return ToGrpcStatus(st);
+  const absl::Time opened = absl::Now();
   while (true) {
     absl::StatusOr<PushProgress> p = transfers_->Push(id, chunk);
     if (!p.ok()) {
@@ -228,6 +229,7 @@ grpc::Status DecodeService::PushKv(grpc::ServerContext* context,
     if (!chunk.end()) metrics_.ChunkAccepted(chunk.payload().size());
     if (p->complete) {
       transfers_->CloseStream(id, absl::OkStatus()).IgnoreError();  // complete: OK
+      metrics_.TransferReceived(Seconds(absl::Now() - opened));
       response->set_chunks(p->chunks);
       response->set_bytes(p->bytes);
       response->set_slots(p->slots);
@@ -291,7 +293,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
   const absl::Time accepted = absl::Now();
   const int n = req.prompt_size();
   auto reject = [&](const absl::Status& s) {
-    metrics_.GenerateDone("rejected", n, 0, 0, -1, -1, -1);
+    metrics_.GenerateRejected(s);
     spdlog::info("generate request_id={} transfer={} prompt={} rejected: {}", req.request_id(),
                  req.transfer_id(), n, s.ToString());
     return ToGrpcStatus(s);
@@ -309,7 +311,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
     r.mutable_usage()->set_prompt_tokens(n);
     r.mutable_timing()->set_queue_s(Seconds(absl::Now() - accepted));
     writer->Write(r);
-    metrics_.GenerateDone("cancelled", n, 0, 0, -1, -1, -1);
+    metrics_.GenerateDone("cancelled", n, 0, 0, GenerateTimes{});
     spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
                  req.request_id(), req.transfer_id(), n, why);
     return grpc::Status::OK;
@@ -342,7 +344,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
       if (*done) break;
       if (context->IsCancelled()) {
         transfers_->Cancel(tid, "the Generate call's client went away");
-        metrics_.GenerateDone("cancelled", n, 0, 0, -1, -1, -1);
+        metrics_.GenerateDone("cancelled", n, 0, 0, GenerateTimes{});
         return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       }
       if (cancelled_now()) {
@@ -402,6 +404,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
       if (ev.token >= 0) {
         ++completion;
         if (completion == 1) first_token = now;
+        if (completion > 1) metrics_.InterToken(Seconds(now - last_token));
         last_token = now;
       }
       v1::GenerateResponse out;
@@ -444,16 +447,19 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
   }
 
   const char* finish = finished ? FinishReasonName(final_event.finish) : "cancelled";
-  const double ttft = completion > 0 ? Seconds(first_token - accepted) : -1;
-  const double tpot = completion > 1 ? Seconds(last_token - first_token) / (completion - 1) : -1;
-  const double queue = final_event.queue_seconds >= 0
-                           ? Seconds(submitted - accepted) + final_event.queue_seconds
-                           : -1;
-  metrics_.GenerateDone(finish, n, completion, final_event.cached_tokens, ttft, tpot, queue);
+  GenerateTimes times;
+  times.ttft_s = completion > 0 ? Seconds(first_token - accepted) : -1;
+  times.tpot_s = completion > 1 ? Seconds(last_token - first_token) / (completion - 1) : -1;
+  times.decode_s = completion > 0 ? Seconds(last_token - first_token) : -1;
+  times.queue_s = final_event.queue_seconds >= 0
+                      ? Seconds(submitted - accepted) + final_event.queue_seconds
+                      : -1;
+  times.e2e_s = Seconds(absl::Now() - accepted);
+  metrics_.GenerateDone(finish, n, completion, final_event.cached_tokens, times);
   spdlog::info(
       "generate request_id={} id={} transfer={} prompt={} cached={} completion={} finish={} "
       "ttft={:.3f}s{}{}",
-      req.request_id(), *id, tid, n, final_event.cached_tokens, completion, finish, ttft,
+      req.request_id(), *id, tid, n, final_event.cached_tokens, completion, finish, times.ttft_s,
       client_gone ? " (client went away)" : "",
       final_event.error.empty() ? std::string() : " error: " + final_event.error);
   if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");

@@ -1,20 +1,31 @@
-// The prefill worker's Prometheus metrics (prefix tripod_prefill_): requests by outcome, prompt
-// tokens, compute and queue time, KV bytes and chunks sent, the transfer's tail (the part not
-// hidden under compute), the queue's length and the running request, and the process's own.
+// The prefill worker's Prometheus metrics, named after vLLM's with the prefix `tripod:` and the
+// label role="prefill" (the scheduler's and the decode worker's use the same names where the
+// meaning is the same): requests by outcome, prompt tokens, queue, prefill and end-to-end time
+// (histograms, seconds), running and waiting requests; and ours: POP layers skipped and the
+// prefill FLOPs they saved, KV bytes and chunks sent, transfer time and its tail (the part not
+// hidden under compute), transfers failed; and the process's own (unlabelled).
 #pragma once
 
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/compute/plan.h"
 #include "common/metrics/metrics.h"
+#include "common/model/model_config.h"
 #include "prefill_node/prefill_queue.h"
 
 namespace tripod {
 
+// The FLOPs (multiply and add counted separately) that running `plan` over n_tokens tokens at
+// positions 0..n_tokens-1 did not spend against the full model: POP's K/V-only layers still
+// project K and V but skip the rest. See the formula in prefill_metrics.cc.
+double PopFlopsSaved(const ModelConfig& config, const ForwardPlan& plan, int n_tokens);
+
 class PrefillMetrics {
  public:
-  // Registers the metrics, and the process's, on `registry`.
-  explicit PrefillMetrics(metrics::Registry& registry);
+  // Registers the metrics, and the process's, on `registry`; `config` is the served model's
+  // (for the FLOPs saved), copied.
+  PrefillMetrics(metrics::Registry& registry, const ModelConfig& config);
   // The queue's gauges, read at scrape time: `queue` must outlive the registry's scrapes.
   void AddQueueGauges(const PrefillQueue& queue);
 
@@ -22,19 +33,24 @@ class PrefillMetrics {
   // refusal before it was queued).
   void RequestDone(const absl::Status& status);
   // A job that ran (whatever its status).
-  void JobDone(int prompt_tokens, const PrefillOutcome& outcome);
+  void JobDone(const PrefillJob& job, const PrefillOutcome& outcome);
 
   // "ok", "cancelled", "invalid_argument", ...: the status code's name in lower case.
   static std::string OutcomeLabel(const absl::Status& status);
 
  private:
   metrics::Registry& registry_;
+  const ModelConfig config_;
   metrics::Counter& prompt_tokens_;
-  metrics::Histogram& compute_seconds_;
-  metrics::Histogram& queue_seconds_;
-  metrics::Counter& transfer_bytes_;
-  metrics::Counter& transfer_chunks_;
-  metrics::Histogram& transfer_tail_seconds_;
+  metrics::Histogram& queue_;
+  metrics::Histogram& prefill_;
+  metrics::Histogram& e2e_;
+  metrics::Counter& layers_skipped_;
+  metrics::Counter& flops_saved_;
+  metrics::Counter& bytes_;
+  metrics::Counter& chunks_;
+  metrics::Histogram& transfer_;
+  metrics::Histogram& tail_;
 };
 
 }  // namespace tripod

@@ -8,14 +8,16 @@ namespace tripod {
 PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
                              const PrefillWorkerOptions& options)
     : engine_(engine) {
-  if (registry != nullptr) metrics_ = std::make_unique<PrefillMetrics>(*registry);
+  if (registry != nullptr) {
+    metrics_ = std::make_unique<PrefillMetrics>(*registry, engine.model().config);
+  }
   const TransferOptions transfer = options.transfer;
   PrefillQueue::Options qo;
   qo.max_queue = options.max_queue;
   queue_ = std::make_unique<PrefillQueue>(
       [this, transfer](const PrefillJob& job, CancelToken& cancel) {
         PrefillOutcome o = RunPrefillJob(engine_, channels_, transfer, job, cancel);
-        if (metrics_ != nullptr) metrics_->JobDone(static_cast<int>(job.prompt.size()), o);
+        if (metrics_ != nullptr) metrics_->JobDone(job, o);
         return o;
       },
       qo);

@@ -21,6 +21,19 @@ LENGTHS = [5, 17, 64, 200, 511, 777, 1300, 2000]
 MAX_TOKENS = 12
 
 
+def check_metrics(body, who):
+  """`promtool check metrics` on an exposition. Its lint flags every name with a colon (a
+  convention for recording rules; the text format and Prometheus accept them), and the names are
+  vLLM's `tripod:...` on purpose: that one complaint is let through, any other fails."""
+  promtool = shutil.which("promtool")
+  assert promtool, "promtool (Debian's prometheus package) is missing: run scripts/setup"
+  r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True,
+                     timeout=60)
+  problems = [l for l in (r.stdout + r.stderr).splitlines()
+              if l.strip() and not l.endswith("metric names should not contain ':'")]
+  assert r.returncode in (0, 3) and not problems, f"promtool on {who}'s /metrics: {problems}"
+
+
 @pytest.fixture(scope="module")
 def exact():
   with C.Cluster() as cl:
@@ -79,13 +92,10 @@ def test_health_and_metrics(exact):
     assert status == 200, body
     status, body = w.http_get("/metrics")
     assert status == 200
-    assert f"tripod_{w.role}_" in body
+    assert f'tripod:prompt_tokens_total{{role="{w.role}"}}' in body
+    assert "tripod_decode_" not in body and "tripod_prefill_" not in body
     assert "process_resident_memory_bytes" in body
-    promtool = shutil.which("promtool")
-    assert promtool, "promtool (Debian's prometheus package) is missing: run scripts/setup"
-    r = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, text=True,
-                       timeout=60)
-    assert r.returncode == 0, f"promtool on {w.role}'s /metrics: {r.stdout}{r.stderr}"
+    check_metrics(body, w.role)
     status, _ = w.http_get("/nope")
     assert status == 404
 

@@ -136,9 +136,12 @@ def test_lease_expires(workers, prompt):
   still_serving(prefill, decode, prompt, 6)
 
 
+DECODE_KV_BYTES = 'tripod:kv_transfer_bytes_total{role="decode"}'
+
+
 def metric(worker, name):
   _, body = worker.http_get("/metrics")
-  m = re.search(rf"^{name} (\S+)$", body, re.M)
+  m = re.search(rf"^{re.escape(name)} (\S+)$", body, re.M)
   return float(m.group(1)) if m else 0.0
 
 
@@ -148,7 +151,7 @@ def test_prefill_killed_mid_transfer(prompt):
     victim = cl.prefill(threads=1, chunk=32, precision="fp32", name="victim")
     decode = cl.decode(threads=1, kv_budget_mb=128)
     long_prompt = C.corpus_prompt(2000)
-    before = metric(decode, "tripod_decode_kv_transfer_bytes_total")
+    before = metric(decode, DECODE_KV_BYTES)
     res = reserve(decode, len(long_prompt), plan_key=victim.health().plan_key)
     errors = []
 
@@ -163,7 +166,7 @@ def test_prefill_killed_mid_transfer(prompt):
 
     th = threading.Thread(target=run, daemon=True)
     th.start()
-    C.wait_until(lambda: metric(decode, "tripod_decode_kv_transfer_bytes_total") > before, 60,
+    C.wait_until(lambda: metric(decode, DECODE_KV_BYTES) > before, 60,
                  "the first KV bytes reaching the decode worker")
     victim.signal(C.signal.SIGKILL)
     victim.wait(timeout=30)

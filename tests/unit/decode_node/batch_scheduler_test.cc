@@ -104,6 +104,7 @@ TEST(BatchSchedulerTest, PreemptsTheNewestAndRecomputesItLater) {
   ASSERT_EQ(s.chunks.size(), 1u);
   EXPECT_EQ(s.chunks[0].seq, &b);
   EXPECT_EQ(s.chunks[0].n_tokens + s.attached_slots, static_cast<int>(b_tokens));
+  EXPECT_EQ(s.queried_tokens, static_cast<int>(b_tokens));  // its whole list, looked up again
   EXPECT_TRUE(s.chunks[0].wants_logits);
   EXPECT_EQ(b.preemptions, 1);
   ReleaseSequence(&b, q, *cache);

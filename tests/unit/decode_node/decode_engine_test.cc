@@ -212,9 +212,11 @@ TEST_F(DecodeEngineTest, PrefixCacheHitGivesTheSameTokens) {
   ASSERT_TRUE(e->Submit(Greedy(prompt, 12, &first)).ok());
   ASSERT_TRUE(e->RunUntilIdle().ok());
   EXPECT_EQ(e->stats().prefix_hit_slots, 0);
+  EXPECT_EQ(e->stats().prefix_queries, 150);
   ASSERT_TRUE(e->Submit(Greedy(prompt, 12, &second)).ok());
   ASSERT_TRUE(e->RunUntilIdle().ok());
   EXPECT_EQ(e->stats().prefix_hit_slots, 144);  // 9 full blocks of the 150-token prompt
+  EXPECT_EQ(e->stats().prefix_queries, 300);
   EXPECT_EQ(first.tokens.size(), 12u);
   EXPECT_EQ(second.tokens, first.tokens);
   ExpectAllFree(*e);

@@ -54,6 +54,8 @@ struct Worker {
     DecodeServiceOptions so;
     so.poll = absl::Milliseconds(10);
     service = std::make_unique<DecodeService>(*engine, *metrics, model, so);
+    metrics->AddGauges(*engine, service->transfers(),
+                       [s = service.get()] { return s->draining(); });
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(service.get());
@@ -276,12 +278,30 @@ TEST_F(DecodeServiceTest, TransferredKvGivesTheLocalPrefillsTokens) {
   EXPECT_TRUE(again.events.empty());
 
   const std::string text = w.registry.Exposition();
-  EXPECT_NE(text.find("tripod_decode_requests_total{finish=\"length\"} 2"), std::string::npos)
+  EXPECT_NE(text.find("tripod:request_success_total{finish_reason=\"length\",role=\"decode\"} 2"),
+            std::string::npos)
       << text;
-  EXPECT_NE(text.find(absl::StrCat("tripod_decode_kv_transfer_chunks_total ", chunks.size() - 1)),
+  EXPECT_NE(text.find(absl::StrCat("tripod:kv_transfer_chunks_total{role=\"decode\"} ",
+                                   chunks.size() - 1)),
             std::string::npos);
-  EXPECT_NE(text.find("tripod_decode_kv_transfers_adopted_total 1"), std::string::npos);
-  EXPECT_NE(text.find("tripod_decode_ttft_seconds_count 2"), std::string::npos);
+  EXPECT_NE(text.find("tripod:kv_transfers_adopted_total{role=\"decode\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tripod:kv_transfer_seconds_count{role=\"decode\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tripod:time_to_first_token_seconds_count{role=\"decode\"} 2"),
+            std::string::npos);
+  // 12 tokens each: 11 gaps per request.
+  EXPECT_NE(text.find("tripod:inter_token_latency_seconds_count{role=\"decode\"} 22"),
+            std::string::npos);
+  EXPECT_NE(text.find("tripod:generation_tokens_total{role=\"decode\"} 24"), std::string::npos);
+  EXPECT_NE(
+      text.find("tripod:request_rejected_total{code=\"failed_precondition\",role=\"decode\"} 1"),
+      std::string::npos);
+  // The local prefill looked its 70 tokens up in the prefix cache (nothing there yet); the
+  // adopting request never looks.
+  EXPECT_NE(text.find("tripod:prefix_cache_queries_total{role=\"decode\"} 70"), std::string::npos);
+  EXPECT_NE(text.find("tripod:prefix_cache_hits_total{role=\"decode\"} 0"), std::string::npos);
+  EXPECT_NE(text.find("tripod:num_preemptions_total{role=\"decode\"} 0"), std::string::npos);
+  EXPECT_NE(text.find("tripod:kv_cache_usage_perc{role=\"decode\"} 0\n"), std::string::npos);
+  EXPECT_NE(text.find("tripod:num_requests_running{role=\"decode\"} 0"), std::string::npos);
 }
 
 // Generate may come first: it waits for the transfer, then adopts it.
@@ -391,13 +411,15 @@ TEST_F(DecodeServiceTest, BadChunksAndExpiredLeasesFreeEveryBlockAndSayWhy) {
   EXPECT_EQ(ok.tokens.size(), 4u);
   EXPECT_TRUE(w.AwaitAllFree());
   const std::string text = w.registry.Exposition();
-  EXPECT_NE(text.find("tripod_decode_kv_transfer_failures_total{reason=\"chunk_rejected\"} 2"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("tripod:kv_transfer_failures_total{reason=\"chunk_rejected\",role=\"decode\"} 2"),
+      std::string::npos)
       << text;
-  EXPECT_NE(text.find("tripod_decode_kv_transfer_failures_total{reason=\"expired\"} 2"),
+  EXPECT_NE(text.find("tripod:kv_transfer_failures_total{reason=\"expired\",role=\"decode\"} 2"),
             std::string::npos);
-  EXPECT_NE(text.find("tripod_decode_kv_transfer_failures_total{reason=\"stream_ended\"} 1"),
-            std::string::npos);
+  EXPECT_NE(
+      text.find("tripod:kv_transfer_failures_total{reason=\"stream_ended\",role=\"decode\"} 1"),
+      std::string::npos);
 }
 
 TEST_F(DecodeServiceTest, CancelAndAVanishedClientEndTheRequest) {
@@ -471,7 +493,9 @@ TEST_F(DecodeServiceTest, CancelAndAVanishedClientEndTheRequest) {
   ASSERT_TRUE(w.stub->Cancel(ctx2.get(), c, &resp).ok());
   EXPECT_FALSE(resp.found());
   const std::string text = w.registry.Exposition();
-  EXPECT_NE(text.find("tripod_decode_requests_total{finish=\"cancelled\"} 3"), std::string::npos)
+  EXPECT_NE(
+      text.find("tripod:request_success_total{finish_reason=\"cancelled\",role=\"decode\"} 3"),
+      std::string::npos)
       << text;
 }
 

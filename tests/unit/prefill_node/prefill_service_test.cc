@@ -13,9 +13,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/protocol.h"
+#include "prefill_node/prefill_metrics.h"
 #include "tests/unit/prefill_node/fake_decode.h"
 #include "tests/unit/test_model.h"
 
@@ -132,9 +134,25 @@ TEST_F(PrefillServiceTest, KvLandsOnTheDecodeSideAsTheEngineMadeIt) {
   EXPECT_EQ(std::memcmp(got.v.data(), snap->kv.v.data(), got.v.size()), 0);
 
   const std::string text = registry_.Exposition();
-  EXPECT_NE(text.find("tripod_prefill_requests_total{outcome=\"ok\"} 1"), std::string::npos)
+  EXPECT_NE(text.find("tripod:prefill_requests_total{outcome=\"ok\",role=\"prefill\"} 1"),
+            std::string::npos)
       << text;
-  EXPECT_NE(text.find("tripod_prefill_prompt_tokens_total 41"), std::string::npos);
+  EXPECT_NE(text.find("tripod:prompt_tokens_total{role=\"prefill\"} 41"), std::string::npos);
+  EXPECT_NE(text.find("tripod:pop_layers_skipped_total{role=\"prefill\"} 10"), std::string::npos);
+  EXPECT_NE(text.find(absl::StrCat("tripod:kv_transfer_bytes_total{role=\"prefill\"} ",
+                                   resp.bytes_sent())),
+            std::string::npos);
+  EXPECT_NE(text.find("tripod:kv_transfer_seconds_count{role=\"prefill\"} 1"), std::string::npos);
+  EXPECT_NE(text.find("tripod:request_prefill_time_seconds_count{role=\"prefill\"} 1"),
+            std::string::npos);
+  EXPECT_NE(text.find("tripod:num_requests_waiting{role=\"prefill\"} 0"), std::string::npos);
+  // 10 K/V-only layers over the 40 tokens the prefill ran.
+  const double saved = PopFlopsSaved(engine_->model().config, engine_->plan(), 40);
+  EXPECT_GT(saved, 0);
+  const std::string series = "tripod:prefill_flops_saved_total{role=\"prefill\"} ";
+  const size_t at = text.find(series);
+  ASSERT_NE(at, std::string::npos) << text;
+  EXPECT_DOUBLE_EQ(std::stod(text.substr(at + series.size())), saved);
 }
 
 TEST_F(PrefillServiceTest, OneTokenPromptSendsOnlyTheEnd) {
@@ -187,8 +205,9 @@ TEST_F(PrefillServiceTest, RefusesBadRequests) {
   EXPECT_NE(old.error_message().find("protocol"), std::string::npos);
 
   const std::string text = registry_.Exposition();
-  EXPECT_NE(text.find("tripod_prefill_requests_total{outcome=\"invalid_argument\"} 7"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("tripod:prefill_requests_total{outcome=\"invalid_argument\",role=\"prefill\"} 7"),
+      std::string::npos)
       << text;
 }
 
