@@ -52,7 +52,7 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
            const ApiKeys& keys, Dispatcher& dispatcher) {
     CompletionRequest parsed;
     ApiResult<PreparedRequest> prepared = Admit(context, proto, keys, model_, &parsed);
-    if (const ApiError* e = std::get_if<ApiError>(&prepared)) return Finish(ToGrpcStatus(*e));
+    if (const ApiError* e = std::get_if<ApiError>(&prepared)) return FinishLocked(ToGrpcStatus(*e));
     ctx_ = MakeResponseContext(parsed, model_.name, model_.created);
     auto shared = shared_;
     RequestCallbacks cb;
@@ -62,29 +62,33 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
     };
     cb.on_end = [shared](const CompletionEnd& end) {
       MutexLock l(&shared->mu);
-      if (CompleteReactor* r = shared->reactor) {
+      CompleteReactor* r = shared->reactor;
+      if (r != nullptr && !r->finished_) {
         FillCompletionResponse(r->ctx_, r->tokens_, end, *r->model_.tokenizer, r->response_);
-        r->Finish(grpc::Status::OK);
+        r->FinishOnce(grpc::Status::OK);
       }
     };
     cb.on_error = [shared](const ApiError& e) {
       MutexLock l(&shared->mu);
-      if (shared->reactor != nullptr) shared->reactor->Finish(ToGrpcStatus(e));
+      if (shared->reactor != nullptr) shared->reactor->FinishOnce(ToGrpcStatus(e));
     };
     // Not under the lock: a request that ends at once calls back before Submit returns.
     ApiError refused;
     std::shared_ptr<RequestHandle> handle =
         dispatcher.Submit(std::get<PreparedRequest>(std::move(prepared)), std::move(cb), &refused);
-    if (handle == nullptr) return Finish(ToGrpcStatus(refused));
+    if (handle == nullptr) return FinishLocked(ToGrpcStatus(refused));
     MutexLock l(&shared->mu);
     shared->handle = handle;
     if (shared->cancelled) handle->Cancel();
   }
 
+  // The client cancelled (or its deadline passed): the request is cancelled on the workers,
+  // which then report nothing more, and the call must still be finished for OnDone to come.
   void OnCancel() override {
     MutexLock l(&shared_->mu);
     shared_->cancelled = true;
     if (shared_->handle != nullptr) shared_->handle->Cancel();
+    FinishOnce(grpc::Status::CANCELLED);
   }
 
   void OnDone() override {
@@ -96,7 +100,20 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
   }
 
  private:
+  // Under shared_->mu.
+  void FinishOnce(const grpc::Status& status) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+  // Refused before it ran (OnCancel may race).
+  void FinishLocked(const grpc::Status& status) {
+    MutexLock l(&shared_->mu);
+    FinishOnce(status);
+  }
+
   const ServedModel& model_;
+  bool finished_ = false;  // under shared_->mu
   v1::CompletionResponse* response_;
   ResponseContext ctx_;
   std::vector<GeneratedToken> tokens_;
@@ -117,7 +134,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
            const ApiKeys& keys, Dispatcher& dispatcher) {
     CompletionRequest parsed;
     ApiResult<PreparedRequest> prepared = Admit(context, proto, keys, model_, &parsed);
-    if (const ApiError* e = std::get_if<ApiError>(&prepared)) return Finish(ToGrpcStatus(*e));
+    if (const ApiError* e = std::get_if<ApiError>(&prepared)) return FinishLocked(ToGrpcStatus(*e));
     parsed.stream = true;
     ctx_ = MakeResponseContext(parsed, model_.name, model_.created);
     auto shared = shared_;
@@ -138,7 +155,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
     ApiError refused;
     std::shared_ptr<RequestHandle> handle =
         dispatcher.Submit(std::get<PreparedRequest>(std::move(prepared)), std::move(cb), &refused);
-    if (handle == nullptr) return Finish(ToGrpcStatus(refused));
+    if (handle == nullptr) return FinishLocked(ToGrpcStatus(refused));
     MutexLock l(&shared->mu);
     shared->handle = handle;
     if (shared->cancelled) handle->Cancel();
@@ -147,14 +164,24 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
   void OnWriteDone(bool ok) override {
     MutexLock l(&shared_->mu);
     writing_ = false;
-    if (!ok) return;  // the call is over (cancelled): OnDone follows
+    if (!ok) {  // the call is over (cancelled): finish it, nothing more is written
+      pending_.clear();
+      if (!final_status_.has_value()) final_status_ = grpc::Status::CANCELLED;
+    }
     WriteNext();
   }
 
+  // The client cancelled (or its deadline passed): the request is cancelled on the workers,
+  // which then report nothing more, and the call must still be finished for OnDone to come (at
+  // once, or when the write in flight is done: one operation at a time).
   void OnCancel() override {
     MutexLock l(&shared_->mu);
     shared_->cancelled = true;
     if (shared_->handle != nullptr) shared_->handle->Cancel();
+    pending_.clear();
+    pending_tokens_.clear();
+    final_status_ = grpc::Status::CANCELLED;
+    if (!writing_) WriteNext();
   }
 
   void OnDone() override {
@@ -169,6 +196,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
   // Under shared_->mu.
   void Enqueue(std::optional<GeneratedToken> token, const CompletionEnd* end,
                const ApiError* error) {
+    if (finished_ || shared_->cancelled) return;  // the call is over or being finished
     if (token.has_value()) {
       if (!pending_.empty() && pending_.back().finish_reason().empty() &&
           !pending_tokens_.empty()) {
@@ -190,6 +218,14 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
       final_status_ = ToGrpcStatus(*error);
     }
     if (!writing_) WriteNext();
+  }
+
+  // Refused before it ran (OnCancel may race).
+  void FinishLocked(const grpc::Status& status) {
+    MutexLock l(&shared_->mu);
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
   }
 
   void WriteNext() {

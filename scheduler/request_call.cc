@@ -1,8 +1,10 @@
 #include "scheduler/request_call.h"
 
+#include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/deferred_release.h"
 #include "common/rpc/protocol.h"
 #include "scheduler/router.h"
 #include "spdlog/spdlog.h"
@@ -59,7 +61,23 @@ Call::Call(Dispatcher* dispatcher, PreparedRequest request, RequestCallbacks cal
       request_id_(request_id),
       accepted_(absl::Now()) {}
 
-Call::~Call() = default;
+Call::~Call() {
+  // The last reference to a Call often goes on a gRPC callback thread (the end of OnDone, a
+  // unary callback's capture), and its contexts and workers may hold the last references to
+  // their channels, which must not be destroyed there (deferred_release.h).
+  struct Leftovers {
+    std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+    std::shared_ptr<Worker> decode, prefill;
+  };
+  auto rest = std::make_shared<Leftovers>();
+  {
+    MutexLock l(&mu_);
+    rest->contexts = std::move(contexts_);
+  }
+  rest->decode = std::move(decode_);
+  rest->prefill = std::move(prefill_);
+  ReleaseLater(std::move(rest));
+}
 
 bool Call::cancelled() const {
   MutexLock l(&mu_);
@@ -382,13 +400,22 @@ struct PendingCancel {
   std::unique_ptr<grpc::ClientContext> context;
   v1::CancelRequest request;
   v1::CancelResponse response;
+  // Stored (release) once filled in, loaded (acquire) by the callback: what gRPC does between the
+  // two threads is invisible to ThreadSanitizer (Debian's gRPC is uninstrumented), this is not.
+  std::atomic<bool> sent{false};
 };
+
+// On the call's callback thread: the worker may be the last reference to its channel.
+void ReleasePendingCancel(PendingCancel* p) {
+  (void)p->sent.load(std::memory_order_acquire);
+  ReleaseLater(std::shared_ptr<PendingCancel>(p));
+}
 
 }  // namespace
 
 void Call::SendDecodeCancel(uint64_t transfer_id) {
   if (decode_ == nullptr) return;
-  auto* p = new PendingCancel{decode_, NewClientContext(std::chrono::seconds(5)), {}, {}};
+  auto* p = new PendingCancel{decode_, NewClientContext(std::chrono::seconds(5))};
   // One or the other: a transfer's cancel must not end the Generate call that (after a failed
   // prefill) runs under the same request id.
   if (transfer_id != 0) {
@@ -396,16 +423,18 @@ void Call::SendDecodeCancel(uint64_t transfer_id) {
   } else {
     p->request.set_request_id(request_id_);
   }
+  p->sent.store(true, std::memory_order_release);
   decode_->decode().async()->Cancel(p->context.get(), &p->request, &p->response,
-                                    [p](grpc::Status) { delete p; });
+                                    [p](grpc::Status) { ReleasePendingCancel(p); });
 }
 
 void Call::SendPrefillCancel() {
   if (prefill_ == nullptr) return;
-  auto* p = new PendingCancel{prefill_, NewClientContext(std::chrono::seconds(5)), {}, {}};
+  auto* p = new PendingCancel{prefill_, NewClientContext(std::chrono::seconds(5))};
   p->request.set_request_id(request_id_);
+  p->sent.store(true, std::memory_order_release);
   prefill_->prefill().async()->Cancel(p->context.get(), &p->request, &p->response,
-                                      [p](grpc::Status) { delete p; });
+                                      [p](grpc::Status) { ReleasePendingCancel(p); });
 }
 
 }  // namespace tripod::scheduler

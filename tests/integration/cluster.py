@@ -82,7 +82,7 @@ class Worker:
   """One process (tripod-prefill, tripod-decode or tripod-scheduler) with its stub and HTTP
   port."""
 
-  def __init__(self, role, args, name=None, env=None, netns=None, connect=True):
+  def __init__(self, role, args, name=None, env=None, netns=None, connect=True, prefix=()):
     self.role = role
     self.name = name or role
     self.dir = tempfile.mkdtemp(prefix=f"tripod_{self.name}_")
@@ -95,6 +95,7 @@ class Worker:
     cmd += [f"--{k}={v}" for k, v in args.items()]
     if netns:
       cmd = ["ip", "netns", "exec", netns] + cmd
+    cmd = list(prefix) + cmd  # e.g. a mount namespace with its own /etc/hosts
     self.cmd = cmd
     penv = dict(os.environ)
     penv.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -287,3 +287,33 @@ def test_prefill_worker_killed_mid_request(cluster):
     _, metrics = s.http_get("/metrics")
     assert 'tripod:prefill_retries_total{role="scheduler",to="' in metrics
     wait_until(lambda: all_blocks_free(cluster.d), 30, "blocks free after the retry")
+
+
+def test_decode_worker_killed_mid_stream():
+  """The decode worker dies while it streams an answer: the stream ends with an error event
+  (vLLM's shape), which the openai client raises; nothing hangs; the scheduler takes the worker
+  out of routing at once (the next request is a 503 naming the cause, not a hang)."""
+  with Cluster() as c:
+    d = c.decode(name="doomed", kv_budget_mb=64)
+    s = c.scheduler(decode=[d], direct_prefill_tokens=8, name="one_decode")
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    stream = client.completions.create(model=MODEL_NAME, prompt=corpus_prompt(40, offset=3),
+                                       max_tokens=5000, temperature=0, stream=True,
+                                       extra_body={"ignore_eos": True})
+    chunks = 0
+    started = time.monotonic()
+    with pytest.raises(openai.APIError) as err:
+      for _ in stream:
+        chunks += 1
+        if chunks == 3:
+          d.kill()
+    assert chunks >= 3
+    assert time.monotonic() - started < 60
+    assert "decode worker" in str(err.value), err.value
+    status, body, headers = s.http("POST", "/v1/completions",
+                                   {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 2})
+    assert status == 503, body
+    assert json.loads(body)["error"]["code"] == "no_workers"
+    _, metrics = s.http_get("/metrics")
+    assert 'tripod:request_success_total{finish_reason="error",role="scheduler"} 1' in metrics, \
+        metrics
