@@ -24,6 +24,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/compute/cpu/cpu_features.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 
@@ -41,6 +42,8 @@ ABSL_FLAG(int, prefix_tokens, 2048, "prompt length of the prefix-cache line (0: 
 ABSL_FLAG(int, step_tokens, 512, "max tokens per step (the engine's default: 256)");
 ABSL_FLAG(int, block_tokens, 16, "KV block size");
 ABSL_FLAG(int, kv_budget_mb, 2048, "KV cache budget (MiB)");
+ABSL_FLAG(std::string, isa, "",
+          "cap the kernels' instruction set (avx2, avx512): an AVX2-only CPU's paths on this one");
 
 namespace tripod {
 namespace {
@@ -158,13 +161,13 @@ int Run() {
         "\"window\":\"%s\",\"window_tokens\":%lld,\"window_s\":%.3f,\"prompt_tokens\":%d,"
         "\"new_tokens\":%d,"
         "\"steps\":%lld,\"forward_s\":%.3f,\"step_s\":%.3f,\"precision\":\"%s\",\"kv_cache_dtype\":"
-        "\"%s\",\"threads\":%d}\n",
+        "\"%s\",\"threads\":%d,\"isa\":\"%s\"}\n",
         C, window > 0 ? window_tokens / window : 0.0, mean, p99, used, theory,
         all_decoding ? "all_decoding" : "first_token_to_last_finish",
         static_cast<long long>(window_tokens), window, prompt_n, new_n,
         static_cast<long long>(after.steps - before.steps),
         after.forward_seconds - before.forward_seconds, after.step_seconds - before.step_seconds,
-        o.precision.c_str(), KvDtypeName(layout.dtype), ComputeThreads());
+        o.precision.c_str(), KvDtypeName(layout.dtype), ComputeThreads(), IsaName(ActiveIsa()));
     std::fflush(stdout);
   }
 
@@ -199,6 +202,15 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  const std::string isa = absl::GetFlag(FLAGS_isa);
+  if (isa == "avx2") {
+    tripod::SetIsaCap(tripod::IsaLevel::kAvx2);
+  } else if (isa == "avx512") {
+    tripod::SetIsaCap(tripod::IsaLevel::kAvx512);
+  } else if (!isa.empty()) {
+    std::fprintf(stderr, "decode: --isa must be avx2 or avx512, got '%s'\n", isa.c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_threads) > 0) tripod::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   return tripod::Run();
 }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "common/metrics/metric_scheme.h"
 
 namespace tripod {
 namespace {
@@ -12,21 +13,7 @@ namespace {
 const metrics::Labels kRole = {{"role", "decode"}};
 
 metrics::Labels With(const std::string& name, const std::string& value) {
-  metrics::Labels l = kRole;
-  l.emplace_back(name, value);
-  return l;
-}
-
-// The scheduler's bucket layouts (scheduler_metrics.cc), so that a name's histograms compare
-// across roles.
-std::vector<double> LatencyBuckets() {
-  return {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75, 1.0,
-          2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0};
-}
-
-std::vector<double> TokenGapBuckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15,
-          0.2,   0.3,   0.4,  0.5,  0.75, 1.0,  2.5,  5.0, 10.0};
+  return metrics::RoleWith(kRole, name, value);
 }
 
 constexpr char kRequests[] = "tripod:request_success_total";
@@ -61,24 +48,24 @@ DecodeMetrics::DecodeMetrics(metrics::Registry& r)
       ttft_(r.AddHistogram(
           "tripod:time_to_first_token_seconds",
           "Time from accepting a Generate call (KV transfer wait included) to its first token",
-          LatencyBuckets(), kRole)),
+          metrics::LatencyBuckets(), kRole)),
       itl_(r.AddHistogram("tripod:inter_token_latency_seconds",
                           "Time between two tokens of a request as its stream wrote them",
-                          TokenGapBuckets(), kRole)),
+                          metrics::TokenGapBuckets(), kRole)),
       tpot_(r.AddHistogram("tripod:time_per_output_token_seconds",
                            "Mean time between a request's tokens after the first, per request",
-                           TokenGapBuckets(), kRole)),
+                           metrics::TokenGapBuckets(), kRole)),
       queue_(r.AddHistogram(
           "tripod:request_queue_time_seconds",
           "Time from accepting a Generate call (KV transfer wait included) to the first step its "
           "sequence ran in",
-          LatencyBuckets(), kRole)),
+          metrics::LatencyBuckets(), kRole)),
       decode_(r.AddHistogram("tripod:request_decode_time_seconds",
-                             "Time from a request's first token to its last", LatencyBuckets(),
-                             kRole)),
+                             "Time from a request's first token to its last",
+                             metrics::LatencyBuckets(), kRole)),
       e2e_(r.AddHistogram("tripod:e2e_request_latency_seconds",
-                          "Time from accepting a Generate call to its end", LatencyBuckets(),
-                          kRole)),
+                          "Time from accepting a Generate call to its end",
+                          metrics::LatencyBuckets(), kRole)),
       chunks_(r.AddCounter("tripod:kv_transfer_chunks_total",
                            "KV data chunks accepted into reservations", kRole)),
       bytes_(r.AddCounter("tripod:kv_transfer_bytes_total",

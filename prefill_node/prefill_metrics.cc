@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "common/metrics/metric_scheme.h"
 
 namespace tripod {
 namespace {
@@ -11,16 +12,7 @@ namespace {
 const metrics::Labels kRole = {{"role", "prefill"}};
 
 metrics::Labels With(const std::string& name, const std::string& value) {
-  metrics::Labels l = kRole;
-  l.emplace_back(name, value);
-  return l;
-}
-
-// The scheduler's request-latency buckets (scheduler_metrics.cc), so that a name's histograms
-// compare across roles.
-std::vector<double> LatencyBuckets() {
-  return {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75, 1.0,
-          2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0};
+  return metrics::RoleWith(kRole, name, value);
 }
 
 constexpr char kRequests[] = "tripod:prefill_requests_total";
@@ -57,14 +49,14 @@ PrefillMetrics::PrefillMetrics(metrics::Registry& r, const ModelConfig& config)
       prompt_tokens_(r.AddCounter("tripod:prompt_tokens_total",
                                   "Prompt tokens of the requests that ran", kRole)),
       queue_(r.AddHistogram("tripod:request_queue_time_seconds",
-                            "Time from acceptance to the start of compute", LatencyBuckets(),
-                            kRole)),
+                            "Time from acceptance to the start of compute",
+                            metrics::LatencyBuckets(), kRole)),
       prefill_(r.AddHistogram("tripod:request_prefill_time_seconds",
                               "Forward time of a request (the KV hand-over under it)",
-                              LatencyBuckets(), kRole)),
+                              metrics::LatencyBuckets(), kRole)),
       e2e_(r.AddHistogram("tripod:e2e_request_latency_seconds",
                           "Time from acceptance to the decode side's acknowledgement",
-                          LatencyBuckets(), kRole)),
+                          metrics::LatencyBuckets(), kRole)),
       layers_skipped_(
           r.AddCounter("tripod:pop_layers_skipped_total",
                        "Layers POP ran K/V-only, summed over the requests that ended OK", kRole)),

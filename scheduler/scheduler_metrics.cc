@@ -1,6 +1,7 @@
 #include "scheduler/scheduler_metrics.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metric_scheme.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -8,20 +9,7 @@ namespace {
 const metrics::Labels kRole = {{"role", "scheduler"}};
 
 metrics::Labels With(const std::string& name, const std::string& value) {
-  metrics::Labels l = kRole;
-  l.emplace_back(name, value);
-  return l;
-}
-
-// vLLM's request-latency buckets (seconds), a little wider at the top for CPU prefill.
-std::vector<double> LatencyBuckets() {
-  return {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75, 1.0,
-          2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0};
-}
-
-std::vector<double> TokenGapBuckets() {
-  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15,
-          0.2,   0.3,   0.4,  0.5,  0.75, 1.0,  2.5,  5.0, 10.0};
+  return metrics::RoleWith(kRole, name, value);
 }
 
 constexpr char kRequests[] = "tripod:request_success_total";
@@ -38,23 +26,23 @@ constexpr char kRetriesHelp[] =
 SchedulerMetrics::SchedulerMetrics(metrics::Registry& r)
     : registry_(r),
       ttft_(r.AddHistogram("tripod:time_to_first_token_seconds",
-                           "Time from a request's arrival to its first token", LatencyBuckets(),
-                           kRole)),
+                           "Time from a request's arrival to its first token",
+                           metrics::LatencyBuckets(), kRole)),
       itl_(r.AddHistogram("tripod:inter_token_latency_seconds",
                           "Time between two tokens of a request as the scheduler sees them",
-                          TokenGapBuckets(), kRole)),
+                          metrics::TokenGapBuckets(), kRole)),
       e2e_(r.AddHistogram("tripod:e2e_request_latency_seconds",
-                          "Time from a request's arrival to its last token", LatencyBuckets(),
-                          kRole)),
+                          "Time from a request's arrival to its last token",
+                          metrics::LatencyBuckets(), kRole)),
       queue_(r.AddHistogram("tripod:request_queue_time_seconds",
-                            "Time a request waited in the scheduler's queue", LatencyBuckets(),
-                            kRole)),
+                            "Time a request waited in the scheduler's queue",
+                            metrics::LatencyBuckets(), kRole)),
       prefill_(r.AddHistogram("tripod:request_prefill_time_seconds",
                               "Prefill time as the prefill worker measured it (queue + compute)",
-                              LatencyBuckets(), kRole)),
+                              metrics::LatencyBuckets(), kRole)),
       decode_(r.AddHistogram("tripod:request_decode_time_seconds",
                              "Decode time as the decode worker measured it (first to last token)",
-                             LatencyBuckets(), kRole)),
+                             metrics::LatencyBuckets(), kRole)),
       prompt_tokens_(
           r.AddCounter("tripod:prompt_tokens_total", "Prompt tokens of requests ended", kRole)),
       generation_tokens_(r.AddCounter("tripod:generation_tokens_total",

@@ -396,7 +396,11 @@ class CpuBackend final : public Backend {
 constexpr int kBf16GemvMaxRows = 8;
 
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision) {
-  const CpuFeatures& f = GetCpuFeatures();
+  // What the kernels may use: the CPU's features under SetIsaCap's cap, so that a capped run
+  // (bench/decode --isa avx2) picks what an AVX2-only CPU would.
+  CpuFeatures f = GetCpuFeatures();
+  if (ActiveIsa() < IsaLevel::kAmx) f.amx_bf16 = false;
+  if (ActiveIsa() < IsaLevel::kAvx512) f.avx512bf16 = false;
   const bool bf16_hw = f.amx_bf16 || f.avx512bf16;
   CpuBackendOptions o;
   if (precision == "fp32") return o;
