@@ -27,6 +27,7 @@
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/model_identity.h"
+#include "common/rpc/stop_signals.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
@@ -73,14 +74,6 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError("--threads must be >= 0");
   }
   return absl::OkStatus();
-}
-
-// Waits for SIGTERM / SIGINT (blocked in every thread) for at most `timeout`; true when one came.
-bool WaitSignal(const sigset_t& set, absl::Duration timeout) {
-  const int64_t ns = absl::ToInt64Nanoseconds(timeout);
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  siginfo_t info;
-  return sigtimedwait(&set, &info, &ts) > 0;
 }
 
 int Run(const sigset_t& signals) {
@@ -175,7 +168,7 @@ int Run(const sigset_t& signals) {
       grpc_port, http_port, identity->file_name, engine->plan().DebugString(), eo.precision,
       st0.total_blocks, eo.block_tokens, absl::GetFlag(FLAGS_lease_ms));
 
-  while (!WaitSignal(signals, absl::Hours(1))) {
+  while (!WaitStopSignal(signals, absl::Hours(1))) {
   }
   const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_grace_ms));
   spdlog::info("tripod-decode: draining ({} in flight, grace {} ms)", service->in_flight(),
@@ -183,7 +176,7 @@ int Run(const sigset_t& signals) {
   service->StartDraining();
   const absl::Time until = absl::Now() + grace;
   while (service->in_flight() > 0 && absl::Now() < until) {
-    if (WaitSignal(signals, std::min(absl::Milliseconds(20), until - absl::Now()))) {
+    if (WaitStopSignal(signals, std::min(absl::Milliseconds(20), until - absl::Now()))) {
       spdlog::info("tripod-decode: second signal, cutting the grace period short");
       break;
     }
@@ -208,13 +201,7 @@ int Run(const sigset_t& signals) {
 }  // namespace tripod
 
 int main(int argc, char** argv) {
-  // Signals go to the main thread's sigtimedwait only: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = tripod::BlockStopSignals();  // before any thread starts
 
   absl::SetProgramUsageMessage(
       "tripod-decode [flags]: the decode worker (tripod.v1.Decode on gRPC, /health and /metrics "

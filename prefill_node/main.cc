@@ -25,6 +25,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/protocol.h"
+#include "common/rpc/stop_signals.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -131,9 +132,9 @@ absl::Status Serve(const sigset_t& signals) {
   if (!port_file.empty()) RETURN_IF_ERROR(WritePortFile(port_file, grpc_port, http->port()));
   spdlog::info("tripod-prefill: gRPC on port {}, HTTP on port {}", grpc_port, http->port());
 
-  int sig = 0;
-  sigwait(&signals, &sig);
-  spdlog::info("tripod-prefill: signal {}: draining ({} ms grace)", sig, grace_ms);
+  while (!WaitStopSignal(signals, absl::InfiniteDuration())) {
+  }
+  spdlog::info("tripod-prefill: stop signal: draining ({} ms grace)", grace_ms);
   // New calls are refused from here (UNAVAILABLE); queued and running ones get the grace period,
   // then are cancelled. Their handlers then answer, and the server stops.
   worker.queue().Shutdown(absl::Milliseconds(grace_ms));
@@ -147,13 +148,7 @@ absl::Status Serve(const sigset_t& signals) {
 }  // namespace tripod
 
 int main(int argc, char** argv) {
-  // Signals are taken by sigwait on the main thread: block them before any thread starts, so that
-  // every thread (gRPC's, OpenMP's) inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = tripod::BlockStopSignals();  // before any thread starts
 
   absl::SetProgramUsageMessage(
       "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and /metrics "

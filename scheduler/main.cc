@@ -25,6 +25,7 @@
 #include "common/http/http_server.h"
 #include "common/metrics/metrics.h"
 #include "common/model/bundled_model.h"
+#include "common/rpc/stop_signals.h"
 #include "common/rpc/worker_server.h"
 #include "grpcpp/grpcpp.h"
 #include "scheduler/api_keys.h"
@@ -121,13 +122,6 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   return absl::OkStatus();
 }
 
-bool WaitSignal(const sigset_t& set, absl::Duration timeout) {
-  const int64_t ns = absl::ToInt64Nanoseconds(timeout);
-  timespec ts{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
-  siginfo_t info;
-  return sigtimedwait(&set, &info, &ts) > 0;
-}
-
 int Fail(const absl::Status& st) {
   std::fprintf(stderr, "tripod-scheduler: %s\n", std::string(st.message()).c_str());
   return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
@@ -206,14 +200,14 @@ int Run(const sigset_t& signals) {
       http_port, grpc_port, (*model)->name, (*model)->identity.context_length,
       workers.Healthy(v1::ROLE_PREFILL).size(), workers.Healthy(v1::ROLE_DECODE).size());
 
-  while (!WaitSignal(signals, absl::Hours(1))) {
+  while (!WaitStopSignal(signals, absl::Hours(1))) {
   }
   spdlog::info("tripod-scheduler: draining ({} running, {} waiting, grace {} ms)",
                dispatcher.running(), dispatcher.waiting(), absl::GetFlag(FLAGS_grace_ms));
   dispatcher.StartDraining();
   const absl::Time until = absl::Now() + absl::Milliseconds(absl::GetFlag(FLAGS_grace_ms));
   while (!dispatcher.WaitIdle(std::chrono::milliseconds(20)) && absl::Now() < until) {
-    if (WaitSignal(signals, absl::ZeroDuration())) {
+    if (WaitStopSignal(signals, absl::ZeroDuration())) {
       spdlog::info("tripod-scheduler: second signal, cutting the grace period short");
       break;
     }
@@ -231,12 +225,7 @@ int Run(const sigset_t& signals) {
 }  // namespace tripod::scheduler
 
 int main(int argc, char** argv) {
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);
+  const sigset_t signals = tripod::BlockStopSignals();  // before any thread starts
   absl::SetProgramUsageMessage(
       "tripod-scheduler --decode host:port[,...] [--prefill host:port[,...]] [flags]: the "
       "OpenAI-compatible API and tripod.v1.Completion, routing requests through the workers");
