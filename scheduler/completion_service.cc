@@ -92,9 +92,12 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
   }
 
   void OnDone() override {
+    std::shared_ptr<RequestHandle> handle;  // let go outside the lock
     {
       MutexLock l(&shared_->mu);
       shared_->reactor = nullptr;
+      // The request's callbacks hold shared_, which would otherwise hold the request: a cycle.
+      handle = std::move(shared_->handle);
     }
     delete this;
   }
@@ -185,9 +188,12 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
   }
 
   void OnDone() override {
+    std::shared_ptr<RequestHandle> handle;  // let go outside the lock
     {
       MutexLock l(&shared_->mu);
       shared_->reactor = nullptr;
+      // The request's callbacks hold shared_, which would otherwise hold the request: a cycle.
+      handle = std::move(shared_->handle);
     }
     delete this;
   }
