@@ -229,6 +229,10 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
   // Refused before it ran (OnCancel may race).
   void FinishLocked(const grpc::Status& status) {
     MutexLock l(&shared_->mu);
+    FinishOnce(status);
+  }
+  // Under shared_->mu.
+  void FinishOnce(const grpc::Status& status) {
     if (finished_) return;
     finished_ = true;
     Finish(status);
@@ -236,10 +240,7 @@ class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
 
   void WriteNext() {
     if (pending_.empty()) {
-      if (final_status_.has_value() && !finished_) {
-        finished_ = true;
-        Finish(*final_status_);
-      }
+      if (final_status_.has_value()) FinishOnce(*final_status_);
       return;
     }
     current_ = std::move(pending_.front());
