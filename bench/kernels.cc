@@ -224,7 +224,8 @@ void BenchGemv() {
   std::printf("| matrix | mode | isa | m | threads | us best | us median | GB/s (best) |\n");
   std::printf("|---|---|---|---:|---:|---:|---:|---:|\n");
   for (const BenchMatrix& s : single) {
-    for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
+    for (GemvMode mode :
+         {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16, GemvMode::kF32Tile}) {
       for (IsaLevel isa : isas) {
         SetIsaCap(isa);
         for (int m : ms) {
@@ -248,7 +249,8 @@ void BenchGemv() {
       "| mode | isa | m | threads | layout | ms best | ms median | GB/s (best) | passes/s (best) "
       "|\n");
   std::printf("|---|---|---:|---:|---|---:|---:|---:|---:|\n");
-  for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
+  for (GemvMode mode :
+       {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16, GemvMode::kF32Tile}) {
     for (IsaLevel isa : isas) {
       SetIsaCap(isa);
       for (int m : ms) {
@@ -296,7 +298,9 @@ void BenchGemv() {
           1);
     }
   };
-  for (const auto& [mode, m] : {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kBf16, 4}}) {
+  for (const auto& [mode, m] :
+       {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kBf16, 4},
+        std::pair{GemvMode::kInt16, 16}, std::pair{GemvMode::kF32Tile, 16}}) {
     if (m > max_m) continue;
     std::vector<double> share;
     for (int round = 0; round < 12; ++round) {

@@ -14,7 +14,9 @@ struct CpuBackendOptions {
   GemmPrecision gemm = GemmPrecision::kF32;  // prefill GEMMs
   GemvMode gemv = GemvMode::kF32;            // decode GEMVs
   GemvMode gemv_few_rows = GemvMode::kF32;   // ... of fewer than kBf16MinRows rows
-  int gemv_max_rows = 16;      // Linear with at most this many rows uses QuantGemm, more: oneDNN
+  int gemv_max_rows = 16;  // Linear with at most this many rows uses QuantGemm, more: oneDNN
+  // 0, or the row count from which QuantGemm runs kF32Tile instead of gemv (Q4_0/Q4_1/Q8_0).
+  int gemv_tile_min_rows = 0;
   KvDtype kv = KvDtype::kF32;  // what callers should store K/V as
   // Prepack GEMM weights when a matrix is prepared, rather than on its first large batch, so
   // that the first prompt does not pay for it.
@@ -33,8 +35,8 @@ struct CpuBackendOptions {
 //  "int8": fp32 prefill GEMMs, int8-activation decode GEMVs, f16 KV;
 //  "int16": fp32 prefill GEMMs, int16-activation decode GEMVs, f16 KV;
 //  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware; decode GEMVs of 1-3 rows with
-//          int16 activations, of more rows in bf16 where the CPU has AVX512_BF16 (else int16);
-//          f16 KV.
+//          int16 activations, of more rows in bf16 where the CPU has AVX512_BF16; without bf16
+//          hardware int16 up to 12 rows and the fp32 tile (kF32Tile) from 13 to 64; f16 KV.
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision);
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);

@@ -336,6 +336,8 @@ const char* GemvModeName(GemvMode mode) {
       return "int16";
     case GemvMode::kBf16:
       return "bf16";
+    case GemvMode::kF32Tile:
+      return "fp32-tile";
     default:
       return "fp32";
   }
@@ -354,7 +356,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   const int64_t k = parts[0].q.k;
   const int64_t nb = k / 32;
   // How each part runs: the kernel family follows its weight type.
-  enum class Path : uint8_t { kInvalid, kBf16, kInt8, kInt16, kF32 };
+  enum class Path : uint8_t { kInvalid, kBf16, kInt8, kInt16, kF32Tile, kF32 };
   constexpr int kMaxParts = 8;
   if (parts.size() > kMaxParts) {
     for (size_t p0 = 0; p0 < parts.size(); p0 += kMaxParts) {
@@ -364,7 +366,8 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     return;
   }
   Path path[kMaxParts];
-  bool need_bf16 = false, need_int8 = false, need_int16 = false, need_bsum = false;
+  bool need_bf16 = false, need_int8 = false, need_int16 = false, need_bsum = false,
+       need_tile = false;
   for (size_t p = 0; p < parts.size(); ++p) {
     const QuantMatrix& w = parts[p].q;
     if (w.n <= 0) {
@@ -391,6 +394,9 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     } else if (mode == GemvMode::kInt8 && block_type) {
       path[p] = Path::kInt8;
       need_int8 = true;
+    } else if (mode == GemvMode::kF32Tile && block_type && isa >= IsaLevel::kAvx2) {
+      path[p] = Path::kF32Tile;
+      need_tile = true;
     } else if (mode == GemvMode::kInt16 && block_type) {
       path[p] = Path::kInt16;
       need_int16 = true;
@@ -407,14 +413,25 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   thread_local std::vector<int16_t> xq16;
   thread_local std::vector<float> xs, xsum, bsum;
   thread_local std::vector<uint16_t> xb;
+  thread_local std::vector<float> xt;
   qgemv::Int8Act xa8;
   qgemv::Int16Act xa16;
   qgemv::Bf16Act xab;
+  qgemv::F32TileAct xat;
   qgemv::F32Act xa{x, ldx, nullptr, m, k, nb};
   if (need_bf16) {
     xb.resize(static_cast<size_t>(m) * k);
     qgemv::avx512::ConvertActBf16(x, m, ldx, k, xb.data());
     xab = {xb.data(), m, k, nb};
+  }
+  if (need_tile) {
+    xt.resize(static_cast<size_t>((m + 15) / 16) * 16 * k);
+    if (isa >= IsaLevel::kAvx512) {
+      qgemv::avx512::TransposeAct(x, m, ldx, k, xt.data());
+    } else {
+      qgemv::avx2::TransposeAct(x, m, ldx, k, xt.data());
+    }
+    xat = {xt.data(), m, k, nb};
   }
   if (need_int8) {
     xq.resize(static_cast<size_t>(m) * k);
@@ -492,6 +509,10 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
         if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt8(w, xa8, yp, ldo, j0, j1)) return;
         qgemv::scalar::RowsInt8(w, xa8, yp, ldo, j0, j1);
         return;
+      case Path::kF32Tile:
+        if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsF32Tile(w, xat, yp, ldo, j0, j1)) return;
+        if (qgemv::avx2::RowsF32Tile(w, xat, yp, ldo, j0, j1)) return;
+        break;
       case Path::kInt16:
         if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt16(w, xa16, yp, ldo, j0, j1)) return;
         if (isa >= IsaLevel::kAvx2 && qgemv::avx2::RowsInt16(w, xa16, yp, ldo, j0, j1)) return;

@@ -25,10 +25,20 @@ namespace tripod {
 //         other weight types, kF32). Below kBf16MinRows rows it is kF32, which reads the
 //         weights as fast there (measured on Zen 4: 1 row 4.1 ms per decode pass in fp32 against
 //         5.0 in bf16; 4 rows 8.7 against 7.8; 16 rows 33 against 19).
-enum class GemvMode { kF32, kInt8, kInt16, kBf16 };
+//  kF32Tile: for many rows of x (8 and more): kTileRows weight rows at a time dequantised to fp32
+//         once into L1 and multiplied against all rows of x (transposed) by a register tile,
+//         fp32 throughout (weights exact, products and sums in fp32, as kF32). Each weight
+//         element costs one broadcast and one FMA per 8 x rows; kInt16 pays per weight block
+//         and group of 4 x rows an unpack, and per block and x row a conversion and a scale FMA.
+//         Measured on Zen 4 with the AVX2 code, one core, a 1536 x 576 Q4_1 matrix in cache, 16
+//         rows: 307 against kInt16's 432 us. A row's result depends on whether it shares its
+//         group of 16 with 8 or fewer rows (the tile's width), so it is not batch invariant, and
+//         it is slower than kInt16 below about 8 rows. Q4_0, Q4_1 and Q8_0 with AVX2; kF32
+//         otherwise.
+enum class GemvMode { kF32, kInt8, kInt16, kBf16, kF32Tile };
 inline constexpr int kBf16MinRows = 4;
 
-// "fp32", "int8", "int16" or "bf16".
+// "fp32", "int8", "int16", "bf16" or "fp32-tile".
 const char* GemvModeName(GemvMode mode);
 
 struct QuantMatrix {

@@ -27,6 +27,15 @@ struct Isa {
 
 namespace tripod::qgemv::avx2 {
 
+void TransposeAct(const float* x, int m, int64_t ldx, int64_t k, float* xt) {
+  TransposeActImpl(x, m, ldx, k, xt);
+}
+
+bool RowsF32Tile(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
+                 int64_t j1) {
+  return RowsF32TileImpl<Isa>(w, xa, y, ldy, j0, j1);
+}
+
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum) {
   QuantizeActInt8Impl(x, m, ldx, k, q, scale, sum);

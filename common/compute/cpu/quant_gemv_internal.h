@@ -45,6 +45,16 @@ struct Int16Act {
   int64_t nb = 0;
 };
 
+// x for the fp32 tile path: its rows in groups of 16 (the last padded with zero rows), each group
+// transposed, xt[(g * k + t) * 16 + c] = x[16 g + c][t], so that one column's 16 values are two
+// vectors.
+struct F32TileAct {
+  const float* xt = nullptr;
+  int m = 0;
+  int64_t k = 0;
+  int64_t nb = 0;
+};
+
 // x rounded to bf16 for the bf16 path: row i has k values at x + i * k (nb = k / 32 blocks).
 struct Bf16Act {
   const uint16_t* x = nullptr;
@@ -74,6 +84,11 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
                int64_t j1);
 }  // namespace scalar
 namespace avx2 {
+// The fp32 tile path: x transposed into F32TileAct's layout (ceil(m / 16) * 16 * k floats, k a
+// multiple of 8), and output rows [j0, j1) for Q4_0, Q4_1 and Q8_0 (false for other types).
+void TransposeAct(const float* x, int m, int64_t ldx, int64_t k, float* xt);
+bool RowsF32Tile(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
+                 int64_t j1);
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum);
 void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);
@@ -85,6 +100,11 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
                int64_t j1);
 }  // namespace avx2
 namespace avx512 {
+// The fp32 tile path: x transposed into F32TileAct's layout (ceil(m / 16) * 16 * k floats, k a
+// multiple of 8), and output rows [j0, j1) for Q4_0, Q4_1 and Q8_0 (false for other types).
+void TransposeAct(const float* x, int m, int64_t ldx, int64_t k, float* xt);
+bool RowsF32Tile(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
+                 int64_t j1);
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum);
 void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums);

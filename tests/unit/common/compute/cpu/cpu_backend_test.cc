@@ -71,6 +71,21 @@ TEST(CpuBackendTest, PrecisionNamesPickTheirGemvModes) {
   EXPECT_EQ(aut.gemv_few_rows, GemvMode::kInt16);
   EXPECT_EQ(aut.gemv, GetCpuFeatures().avx512bf16 ? GemvMode::kBf16 : GemvMode::kInt16);
   EXPECT_EQ(aut.kv, KvDtype::kF16);
+  // Without bf16 hardware (here: under an AVX2 cap) auto takes the fp32 tile GEMV for larger
+  // batches, instead of oneDNN's fp32 GEMM up to 64 rows; int16 and fp32 never do.
+  SetIsaCap(IsaLevel::kAvx2);
+  if (ActiveIsa() == IsaLevel::kAvx2) {
+    const CpuBackendOptions capped = *CpuOptionsForPrecision("auto");
+    EXPECT_EQ(capped.gemv, GemvMode::kInt16);
+    EXPECT_GT(capped.gemv_tile_min_rows, kBf16MinRows);
+    EXPECT_GE(capped.gemv_max_rows, 64);
+    EXPECT_EQ(CpuOptionsForPrecision("int16")->gemv_tile_min_rows, 0);
+  }
+  SetIsaCap(IsaLevel::kAmx);
+  EXPECT_EQ(fp32.gemv_tile_min_rows, 0);
+  if (GetCpuFeatures().avx512bf16) {
+    EXPECT_EQ(aut.gemv_tile_min_rows, 0);
+  }
   const absl::StatusOr<CpuBackendOptions> bad = CpuOptionsForPrecision("int4");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("int16"), std::string::npos) << bad.status();
@@ -115,6 +130,22 @@ TEST(CpuBackendTest, LinearPicksTheGemvModeByRows) {
     QuantGemm(q, x.data(), m, k, other.data(), n,
               m < kBf16MinRows ? GemvMode::kInt8 : GemvMode::kF32);
     EXPECT_NE(got, other) << "m=" << m << ": the two modes should differ";
+  }
+  // With gemv_tile_min_rows set, that many rows and more take kF32Tile (where AVX2 runs it).
+  o.gemv_tile_min_rows = 13;
+  o.gemv_max_rows = 64;
+  be = MakeCpuBackend(o);
+  w = *be->PrepareMatrix(parts);
+  if (ActiveIsa() >= IsaLevel::kAvx2) {
+    for (int m : {12, 13, 40}) {
+      std::vector<float> x(m * k), got(m * n), want(m * n), other(m * n);
+      for (float& v : x) v = nd(rng);
+      be->Linear(*w, x.data(), m, k, got.data(), n, false);
+      QuantGemm(q, x.data(), m, k, want.data(), n, m < 13 ? GemvMode::kInt8 : GemvMode::kF32Tile);
+      EXPECT_EQ(got, want) << "m=" << m;
+      QuantGemm(q, x.data(), m, k, other.data(), n, m < 13 ? GemvMode::kF32Tile : GemvMode::kInt8);
+      EXPECT_NE(got, other) << "m=" << m << ": the two modes should differ";
+    }
   }
 }
 

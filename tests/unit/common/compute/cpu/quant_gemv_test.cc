@@ -99,7 +99,7 @@ void CheckAll(const Case& c, GemvMode mode) {
   std::mt19937 rng(1234 + static_cast<int>(c.type) * 7 + static_cast<int>(c.k));
   TestMatrix t = MakeMatrix(c.type, c.n, c.k, rng);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (int m : {1, 2, 3, 4, 5, 7, 16}) {
+  for (int m : {1, 2, 3, 4, 5, 7, 16, 21}) {
     const int64_t ldx = c.k + 3, ldy = c.n + 5;
     std::vector<float> x(m * ldx);
     for (float& v : x) v = nd(rng);
@@ -175,6 +175,10 @@ const Case kCases[] = {
 
 TEST(QuantGemmTest, F32ModeMatchesDoubleReference) {
   for (const Case& c : kCases) CheckAll(c, GemvMode::kF32);
+}
+
+TEST(QuantGemmTest, F32TileModeMatchesDoubleReference) {
+  for (const Case& c : kCases) CheckAll(c, GemvMode::kF32Tile);
 }
 
 TEST(QuantGemmTest, Int8ModeWithinQuantisationError) {
@@ -392,8 +396,9 @@ TEST(QuantGemmTest, InterleavedRowsGiveTheSameBits) {
     }
     for (IsaLevel isa : Levels()) {
       SetIsaCap(isa);
-      for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16}) {
-        for (int m : {1, 2, 3, 4, 5, 8, 11}) {
+      for (GemvMode mode : {GemvMode::kF32, GemvMode::kInt8, GemvMode::kInt16, GemvMode::kBf16,
+                            GemvMode::kF32Tile}) {
+        for (int m : {1, 2, 3, 4, 5, 8, 11, 17}) {
           const int64_t ldx = c.k + 3, ldy = c.n + 5;
           std::vector<float> x(m * ldx);
           for (float& v : x) v = nd(rng);
