@@ -6,8 +6,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 namespace tripod {
 namespace {
@@ -79,7 +83,21 @@ IsaLevel BestLevel(const CpuFeatures& f) {
   return IsaLevel::kScalar;
 }
 
-std::atomic<int> g_cap{static_cast<int>(IsaLevel::kAmx)};
+// TRIPOD_MAX_CPU_ISA caps the kernels from the start, as ONEDNN_MAX_CPU_ISA caps oneDNN's (which
+// it leaves alone): to run or measure an older CPU's paths on a newer one.
+int InitialCap() {
+  const char* env = std::getenv("TRIPOD_MAX_CPU_ISA");
+  if (env == nullptr || *env == '\0') return static_cast<int>(IsaLevel::kAmx);
+  const std::optional<IsaLevel> level = ParseIsaName(env);
+  if (!level) {
+    std::fprintf(stderr, "TRIPOD_MAX_CPU_ISA=%s ignored: expected scalar, avx2, avx512 or amx\n",
+                 env);
+    return static_cast<int>(IsaLevel::kAmx);
+  }
+  return static_cast<int>(*level);
+}
+
+std::atomic<int> g_cap{InitialCap()};
 
 }  // namespace
 
@@ -95,6 +113,19 @@ IsaLevel ActiveIsa() {
 }
 
 void SetIsaCap(IsaLevel cap) { g_cap.store(static_cast<int>(cap), std::memory_order_relaxed); }
+
+std::optional<IsaLevel> ParseIsaName(std::string_view name) {
+  for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAmx}) {
+    const std::string_view want = IsaName(l);
+    if (name.size() == want.size() &&
+        std::equal(name.begin(), name.end(), want.begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == b;
+        })) {
+      return l;
+    }
+  }
+  return std::nullopt;
+}
 
 const char* IsaName(IsaLevel level) {
   switch (level) {

@@ -2,6 +2,9 @@
 // instruction-set level the kernels dispatch on: AMX > AVX-512 > AVX2 > scalar.
 #pragma once
 
+#include <optional>
+#include <string_view>
+
 namespace tripod {
 
 struct CpuFeatures {
@@ -14,9 +17,12 @@ struct CpuFeatures {
 enum class IsaLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };
 
 const CpuFeatures& GetCpuFeatures();
-// The best level this CPU supports, capped by SetIsaCap (tests use the cap to run every path).
+// The best level this CPU supports, capped by SetIsaCap (tests use the cap to run every path);
+// the cap starts at the environment's TRIPOD_MAX_CPU_ISA (scalar, avx2, avx512 or amx) if set.
 IsaLevel ActiveIsa();
 void SetIsaCap(IsaLevel cap);
 const char* IsaName(IsaLevel level);
+// The level IsaName gives that name (any case), or nullopt.
+std::optional<IsaLevel> ParseIsaName(std::string_view name);
 
 }  // namespace tripod

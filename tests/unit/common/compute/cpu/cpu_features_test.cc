@@ -56,6 +56,14 @@ TEST(CpuFeaturesTest, Names) {
   EXPECT_EQ(std::string(IsaName(IsaLevel::kAvx2)), "avx2");
   EXPECT_EQ(std::string(IsaName(IsaLevel::kAvx512)), "avx512");
   EXPECT_EQ(std::string(IsaName(IsaLevel::kAmx)), "amx");
+  // TRIPOD_MAX_CPU_ISA's values: the names, in any case; anything else is refused.
+  for (IsaLevel l : {IsaLevel::kScalar, IsaLevel::kAvx2, IsaLevel::kAvx512, IsaLevel::kAmx}) {
+    EXPECT_EQ(ParseIsaName(IsaName(l)), l);
+  }
+  EXPECT_EQ(ParseIsaName("AVX2"), IsaLevel::kAvx2);
+  EXPECT_EQ(ParseIsaName("avx"), std::nullopt);
+  EXPECT_EQ(ParseIsaName("avx2 "), std::nullopt);
+  EXPECT_EQ(ParseIsaName(""), std::nullopt);
 }
 
 }  // namespace
