@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/compute/cpu/attention.h"
+#include "common/compute/cpu/attention_scores.h"
 #include "common/kv/kv_layout.h"
 #include "common/model/gguf.h"
 
@@ -96,6 +97,9 @@ class Backend {
   virtual void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads,
                        int head_dim, const KvLayerRef& kv, int64_t slot_begin) = 0;
   virtual void Attention(std::span<const AttentionArgs> seqs) = 0;
+  // Attention probabilities of a window of queries, reduced per KV head and key (draft scoring;
+  // see cpu/attention_scores.h). Outputs are host memory.
+  virtual void AttentionScores(std::span<const AttentionScoreArgs> seqs) = 0;
   // Copies n floats from backend memory to host memory (logits out).
   virtual void ToHost(const float* src, size_t n, float* host_dst) = 0;
 };

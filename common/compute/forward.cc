@@ -3,6 +3,7 @@
 //   Wu·n_f(h))
 #include "common/compute/forward.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/status/status.h"
@@ -102,11 +103,38 @@ float* ForwardWorkspace::Get(int slot, size_t floats) {
 
 absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPlan& plan,
                      const StepBatch& batch, KvStore& kv, ForwardWorkspace& ws,
-                     std::vector<float>* logits, const KvLayersDone& on_kv) {
+                     std::vector<float>* logits, const KvLayersDone& on_kv,
+                     std::vector<CapturedAttention>* captured) {
   if (absl::Status s = CheckBatch(model, plan, batch, kv); !s.ok()) return s;
   const ModelConfig& c = model.config;
   const int T = batch.n_tokens();
   if (T == 0) return absl::OkStatus();
+  const bool capturing = plan.capture.window > 0;
+  if (capturing) {
+    if (captured == nullptr) {
+      return absl::InvalidArgumentError("the plan captures attention but no output was given");
+    }
+    if (static_cast<int>(plan.capture.layers.size()) != c.n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("capture names ", plan.capture.layers.size(),
+                                                     " layers, model has ", c.n_layers));
+    }
+    for (int l = 0; l < c.n_layers; ++l) {
+      if (plan.capture.captures(l) && plan.layers[l] != LayerMode::kFull) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("capture of layer ", l, ": only full layers have queries"));
+      }
+    }
+    captured->assign(batch.seqs.size(), CapturedAttention{});
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      CapturedAttention& ca = (*captured)[i];
+      ca.n_layers = c.n_layers;
+      ca.n_kv_heads = c.n_kv_heads;
+      ca.n_keys = batch.seqs[i].n_past + batch.seqs[i].n_tokens;
+      ca.max.assign(size_t{1} * c.n_layers * c.n_kv_heads * ca.n_keys, 0.0f);
+      ca.sum.assign(ca.max.size(), 0.0f);
+    }
+  }
+  std::vector<AttentionScoreArgs> score_args;
   const int d = c.d_model, qd = c.q_dim(), kvd = c.kv_dim(), ff = c.d_ff, hd = c.head_dim;
   const int qkv_w = qd + 2 * kvd;
 
@@ -221,6 +249,31 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
       a.kv = kv.Layer(s.kv_seq, l);
       a.out = attn + int64_t{s.token_begin} * qd;
       a.out_stride = qd;
+    }
+    if (plan.capture.captures(l)) {
+      // The window: each sequence's last `window` rows of this batch (RoPE applied above).
+      score_args.clear();
+      for (size_t i = 0; i < batch.seqs.size(); ++i) {
+        const SeqInBatch& s = batch.seqs[i];
+        const int w = std::min(plan.capture.window, s.n_tokens);
+        CapturedAttention& ca = (*captured)[i];
+        AttentionScoreArgs sa;
+        sa.q = q + int64_t{s.token_begin + s.n_tokens - w} * qkv_w;
+        sa.q_stride = qkv_w;
+        sa.n_q = w;
+        sa.q_slot0 = s.n_past + s.n_tokens - w;
+        sa.n_keys = ca.n_keys;
+        sa.n_heads = c.n_heads;
+        sa.n_kv_heads = c.n_kv_heads;
+        sa.head_dim = hd;
+        sa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+        sa.kv = kv.Layer(s.kv_seq, l);
+        sa.ramp_weights = plan.capture.ramp_weights;
+        sa.max_out = ca.max.data() + size_t{1} * l * c.n_kv_heads * ca.n_keys;
+        sa.sum_out = ca.sum.data() + size_t{1} * l * c.n_kv_heads * ca.n_keys;
+        score_args.push_back(sa);
+      }
+      backend.AttentionScores(score_args);
     }
     backend.Attention(attn_args);
     // A gate other than 1 scales the branch on its way into the stream; gate 1 keeps the

@@ -38,11 +38,29 @@ class ForwardWorkspace {
 // (a cancel between layers).
 using KvLayersDone = std::function<absl::Status(int layer_begin, int layer_end)>;
 
+// One sequence's captured attention (ForwardPlan::capture): n_keys = its cache slots after the
+// batch; max and sum are [n_layers][n_kv_heads][n_keys] (layers not captured stay 0).
+struct CapturedAttention {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int n_keys = 0;
+  std::vector<float> max, sum;
+
+  const float* max_at(int layer, int head) const {
+    return max.data() + (size_t{1} * layer * n_kv_heads + head) * n_keys;
+  }
+  const float* sum_at(int layer, int head) const {
+    return sum.data() + (size_t{1} * layer * n_kv_heads + head) * n_keys;
+  }
+};
+
 // Runs `batch` through `model` under `plan`, writing K/V into `kv` and, when the plan has the
 // output head, the logits of batch.logit_rows into `logits` ([rows, vocab], host memory).
-// `on_kv` (may be empty) hears of each layer's K/V as above.
+// `on_kv` (may be empty) hears of each layer's K/V as above. When the plan captures attention,
+// `captured` (required then) gets one entry per sequence of the batch, in its order.
 absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPlan& plan,
                      const StepBatch& batch, KvStore& kv, ForwardWorkspace& ws,
-                     std::vector<float>* logits, const KvLayersDone& on_kv = {});
+                     std::vector<float>* logits, const KvLayersDone& on_kv = {},
+                     std::vector<CapturedAttention>* captured = nullptr);
 
 }  // namespace tripod

@@ -14,6 +14,19 @@ enum class LayerMode : uint8_t {
   kSkip,    // nothing (past a self-draft's depth)
 };
 
+// Attention to record for draft scoring (SpecPC, SpecKV, SnapKV): in each captured layer, the
+// softmax probabilities of each sequence's last `window` queries of the batch over every cache
+// slot they see, reduced per KV head and slot (see AttentionScoreArgs). Only kFull layers.
+struct AttentionCapture {
+  int window = 0;               // 0: nothing is captured
+  std::vector<uint8_t> layers;  // per model layer, 1 = captured (empty = none)
+  bool ramp_weights = false;    // SpecPC's weights i / (w - 1) on the window's queries in the max
+
+  bool captures(int layer) const {
+    return window > 0 && layer < static_cast<int>(layers.size()) && layers[layer] != 0;
+  }
+};
+
 struct ForwardPlan {
   std::vector<LayerMode> layers;
   bool output_head = true;  // final norm + head for StepBatch::logit_rows
@@ -21,6 +34,7 @@ struct ForwardPlan {
   // by gates[l] before they join the residual stream (0: the layer is an identity for these
   // tokens, though it still writes its K/V). For the stage-aware importance analysis.
   std::vector<float> gates;
+  AttentionCapture capture;
 
   static ForwardPlan Full(int n_layers);
   // POP's prefill plan: the given layers K/V-only, the rest full, no head (the boundary token

@@ -98,6 +98,11 @@ class ProfilingBackend final : public Backend {
     Timed(decode ? "attention decode" : "attention prefill", rows,
           [&] { inner_->Attention(seqs); });
   }
+  void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
+    int64_t rows = 0;
+    for (const AttentionScoreArgs& a : seqs) rows += a.n_q;
+    Timed("attention scores", rows, [&] { inner_->AttentionScores(seqs); });
+  }
   void ToHost(const float* src, size_t n, float* host_dst) override {
     Timed("to_host", 1, [&] { inner_->ToHost(src, n, host_dst); });
   }

@@ -377,6 +377,10 @@ class CpuBackend final : public Backend {
     WriteKvCpu(k, v, m, ld, n_kv_heads, head_dim, kv, slot_begin);
   }
 
+  void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
+    AttentionScoresCpu(seqs);
+  }
+
   void Attention(std::span<const AttentionArgs> seqs) override {
     if (!opts_.batch_invariant) return AttentionCpu(seqs);
     invariant_args_.assign(seqs.begin(), seqs.end());

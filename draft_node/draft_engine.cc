@@ -1,0 +1,157 @@
+#include "draft_node/draft_engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/profiling_backend.h"
+#include "common/kv/kv_dtype.h"
+#include "common/model/bundled_model.h"
+#include "common/model/gguf.h"
+#include "common/model/model_config.h"
+#include "common/util/status_macros.h"
+
+namespace tripod {
+namespace {
+
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int32_t Argmax(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+// The vocabulary's tokens, to compare a draft's with its target's.
+absl::StatusOr<std::vector<std::string>> VocabTokens(const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+  ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
+                   gguf->GetStringArray("tokenizer.ggml.tokens"));
+  return *tokens;
+}
+
+}  // namespace
+
+int DefaultFirstLayer(int depth) { return depth < 16 ? depth / 2 : 8; }
+
+absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(
+    const DraftEngineOptions& options) {
+  if (options.prefill_chunk <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft: prefill chunk must be positive, got ", options.prefill_chunk));
+  }
+  std::unique_ptr<DraftEngine> e(new DraftEngine());
+  e->options_ = options;
+  const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+  ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig(*gguf));
+  gguf.reset();
+  if (options.self_draft_layers < 0 || options.self_draft_layers > config.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("draft: self-draft layers must be in [1, ",
+                                                   config.n_layers, "], got ",
+                                                   options.self_draft_layers));
+  }
+  e->depth_ = options.self_draft_layers > 0 ? options.self_draft_layers : config.n_layers;
+  if (!options.target_model_path.empty() && options.target_model_path != path) {
+    ASSIGN_OR_RETURN(std::vector<std::string> mine, VocabTokens(path));
+    ASSIGN_OR_RETURN(std::vector<std::string> target, VocabTokens(options.target_model_path));
+    if (mine != target) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft: ", path, "'s vocabulary (", mine.size(),
+                       " tokens) differs from the target ", options.target_model_path, "'s (",
+                       target.size(), " tokens); a draft must share the target's vocabulary"));
+    }
+  }
+  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
+  e->backend_ = MaybeProfile(MakeCpuBackend(cpu));
+  WeightSelection selection;
+  selection.layers.assign(config.n_layers, LayerNeed::kFull);
+  for (int l = e->depth_; l < config.n_layers; ++l) selection.layers[l] = LayerNeed::kNone;
+  ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_, selection));
+  e->plan_ = ForwardPlan::SelfDraft(config.n_layers, e->depth_);
+  KvLayout layout;
+  layout.n_layers = config.n_layers;
+  layout.n_kv_heads = config.n_kv_heads;
+  layout.head_dim = config.head_dim;
+  layout.dtype = cpu.kv;
+  const int ctx = options.context_tokens > 0 ? options.context_tokens : config.context_length;
+  ASSIGN_OR_RETURN(e->kv_, ContiguousKvCache::Create(layout, 1, ctx));
+  e->ws_ = std::make_unique<ForwardWorkspace>(*e->backend_);
+  return e;
+}
+
+absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
+  const ModelConfig& c = model_->config;
+  const int n = static_cast<int>(r.prompt.size());
+  if (n == 0) return absl::InvalidArgumentError("draft: empty prompt");
+  if (r.lookahead < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft: lookahead must be >= 0, got ", r.lookahead));
+  }
+  if (r.specpc.window <= 0 || r.specpc.budget < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft: window must be positive and budget >= 0, got window ", r.specpc.window,
+                     ", budget ", r.specpc.budget));
+  }
+  if (n + r.lookahead > kv_->capacity_tokens()) {
+    return absl::OutOfRangeError(absl::StrCat("draft: ", n, " prompt + ", r.lookahead,
+                                              " lookahead tokens exceed the draft's context of ",
+                                              kv_->capacity_tokens()));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("draft: token id ", r.prompt[i], " at position ", i,
+                       " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  DraftResult out;
+  out.first_layer = r.first_layer >= 0 ? r.first_layer : DefaultFirstLayer(depth_);
+  if (out.first_layer >= depth_) {
+    return absl::InvalidArgumentError(absl::StrCat("draft: first scored layer ", out.first_layer,
+                                                   " is past the draft's ", depth_, " layers"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  // The last forward holds the whole window (its queries are captured): the prompt's tail of
+  // max(window, the chunking's remainder) tokens, the rest in full chunks before it.
+  const int chunk = options_.prefill_chunk;
+  const int tail = std::min(n, std::max(r.specpc.window, (n - 1) % chunk + 1));
+  ForwardPlan capture_plan = plan_;
+  capture_plan.capture.window = r.specpc.window;
+  capture_plan.capture.ramp_weights = true;
+  capture_plan.capture.layers.assign(c.n_layers, 0);
+  for (int l = out.first_layer; l < depth_; ++l) capture_plan.capture.layers[l] = 1;
+  std::vector<float> logits;
+  std::vector<CapturedAttention> captured;
+  for (int begin = 0; begin < n;) {
+    const bool last = begin == n - tail;
+    const int len = last ? tail : std::min(chunk, n - tail - begin);
+    StepBatch batch;
+    batch.AddSequence(0, r.prompt.data() + begin, len, begin, begin, last);
+    RETURN_IF_ERROR(Forward(*model_, *backend_, last ? capture_plan : plan_, batch, *kv_, *ws_,
+                            last ? &logits : nullptr, {}, last ? &captured : nullptr));
+    begin += len;
+  }
+  out.token_scores = SpecPcTokenScores(captured.at(0), out.first_layer);
+  out.token_scores.resize(n);
+  if (r.specpc.budget > 0) {
+    out.keep = SpecPcSelect(MaxPool1d(out.token_scores, r.specpc.pool_kernel), r.specpc);
+  }
+  out.prefill_s = Since(t0);
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int i = 0; i < r.lookahead; ++i) {
+    const int32_t next = Argmax(logits);
+    out.lookahead.push_back(next);
+    if (i + 1 == r.lookahead) break;
+    StepBatch batch;
+    batch.AddSequence(0, &next, 1, n + i, n + i, true);
+    RETURN_IF_ERROR(Forward(*model_, *backend_, plan_, batch, *kv_, *ws_, &logits));
+  }
+  out.lookahead_s = Since(t1);
+  return out;
+}
+
+}  // namespace tripod

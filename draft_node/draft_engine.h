@@ -1,0 +1,78 @@
+// The draft worker's engine: a small model (a separate GGUF with the target's vocabulary, or a
+// self-draft: the target's first N layers with its final norm and head) runs the prompt once,
+// recording its attention over the prompt from the last window of queries (ForwardPlan's
+// capture), and then generates lookahead tokens greedily. What it returns is the importance map
+// the scheduler applies per request: SpecPC's token scores and kept positions, and SpecKV's
+// lookahead. Its KV lives here only for the request. Knows nothing of gRPC.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/compute/backend.h"
+#include "common/compute/forward.h"
+#include "common/compute/model.h"
+#include "common/kv/contiguous_kv_cache.h"
+#include "draft_node/specpc.h"
+
+namespace tripod {
+
+struct DraftEngineOptions {
+  std::string model_path;  // empty: the bundled model
+  // > 0: a self-draft, the first `self_draft_layers` layers of model_path (no second file);
+  // 0: model_path is the draft model itself, run in full.
+  int self_draft_layers = 0;
+  // A target model whose vocabulary the draft must share (checked at load; empty: not checked).
+  std::string target_model_path;
+  std::string precision = "auto";  // CpuOptionsForPrecision
+  int prefill_chunk = 512;
+  int context_tokens = 0;  // prompt + lookahead capacity; 0: the model's context length
+};
+
+struct DraftRequest {
+  std::vector<int32_t> prompt;
+  SpecPcParams specpc;   // budget (0: no kept set), window, pool, neighbourhood
+  int first_layer = -1;  // l_0; -1: the default for the draft's depth (DefaultFirstLayer)
+  int lookahead = 0;     // greedy draft tokens after the prompt (SpecKV)
+};
+
+struct DraftResult {
+  // Per prompt position: max over draft layers >= l_0, KV heads and the ramp-weighted window
+  // queries of the attention probability (SpecPC steps 1-3, before pooling).
+  std::vector<float> token_scores;
+  std::vector<int32_t> keep;       // SpecPC's kept positions (empty when specpc.budget is 0)
+  std::vector<int32_t> lookahead;  // greedy tokens
+  int first_layer = 0;
+  double prefill_s = 0, lookahead_s = 0;
+};
+
+// l_0 for a draft of `depth` layers: 8, or depth / 2 for drafts under 16 layers.
+int DefaultFirstLayer(int depth);
+
+class DraftEngine {
+ public:
+  static absl::StatusOr<std::unique_ptr<DraftEngine>> Create(const DraftEngineOptions& options);
+
+  // Layers the draft runs (its depth) and the vocabulary it scores in.
+  int depth() const { return depth_; }
+  const LoadedModel& model() const { return *model_; }
+
+  // One request at a time (the engine's KV holds one sequence); concurrent callers wait.
+  absl::StatusOr<DraftResult> Score(const DraftRequest& request);
+
+ private:
+  DraftEngine() = default;
+  DraftEngineOptions options_;
+  int depth_ = 0;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<LoadedModel> model_;
+  std::unique_ptr<ContiguousKvCache> kv_;
+  std::unique_ptr<ForwardWorkspace> ws_;
+  ForwardPlan plan_;
+  std::mutex mu_;
+};
+
+}  // namespace tripod

@@ -1,0 +1,136 @@
+// The draft engine on the bundled model: a self-draft of every layer generates the target's own
+// greedy tokens (Session, the CLI's loop, as the independent path); the captured scores do not
+// depend on how the prompt was chunked; SpecPC's kept set holds the window and the budget, and a
+// budget at or above the prompt keeps it whole; bad requests get clear errors.
+#include "draft_node/draft_engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "common/compute/session.h"
+#include "gtest/gtest.h"
+#include "tests/unit/test_model.h"
+
+namespace tripod {
+namespace {
+
+std::vector<int32_t> SomePrompt(int n) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = 100 + (i * 37) % 900;
+  return ids;
+}
+
+std::unique_ptr<DraftEngine> Engine(int layers, int chunk, const std::string& precision = "fp32") {
+  DraftEngineOptions o;
+  o.model_path = TestModelPath();
+  o.self_draft_layers = layers;
+  o.prefill_chunk = chunk;
+  o.precision = precision;
+  o.context_tokens = 512;
+  absl::StatusOr<std::unique_ptr<DraftEngine>> e = DraftEngine::Create(o);
+  EXPECT_TRUE(e.ok()) << e.status();
+  return e.ok() ? std::move(*e) : nullptr;
+}
+
+TEST(DraftEngineTest, FullDepthSelfDraftGeneratesTheTargetsGreedyTokens) {
+  std::unique_ptr<DraftEngine> e = Engine(0, 512);
+  ASSERT_NE(e, nullptr);
+  EXPECT_EQ(e->depth(), e->model().config.n_layers);
+  DraftRequest r;
+  r.prompt = SomePrompt(40);
+  r.lookahead = 6;
+  absl::StatusOr<DraftResult> got = e->Score(r);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->lookahead.size(), 6u);
+
+  SessionOptions so;
+  so.model_path = TestModelPath();
+  so.precision = "fp32";
+  so.context_tokens = 512;
+  std::unique_ptr<Session> s = *Session::Open(so);
+  std::vector<int32_t> want;
+  std::vector<float> logits = *s->Append(r.prompt);
+  for (int i = 0; i < 6; ++i) {
+    const int32_t t =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    want.push_back(t);
+    logits = *s->Append({t});
+  }
+  EXPECT_EQ(got->lookahead, want);
+}
+
+TEST(DraftEngineTest, ScoresDoNotDependOnChunkingAndKeepHoldsWindowAndBudget) {
+  std::unique_ptr<DraftEngine> whole = Engine(8, 512), chunked = Engine(8, 16);
+  ASSERT_NE(whole, nullptr);
+  ASSERT_NE(chunked, nullptr);
+  DraftRequest r;
+  r.prompt = SomePrompt(150);
+  r.specpc.window = 20;
+  r.specpc.budget = 60;
+  r.specpc.pool_kernel = 5;
+  r.specpc.neighbourhood = 5;
+  absl::StatusOr<DraftResult> a = whole->Score(r), b = chunked->Score(r);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->first_layer, 4);  // depth / 2 for drafts under 16 layers
+  ASSERT_EQ(a->token_scores.size(), 150u);
+  ASSERT_EQ(b->token_scores.size(), 150u);
+  float top = 0;
+  for (int j = 0; j < 150; ++j) {
+    EXPECT_GE(a->token_scores[j], 0.0f);
+    EXPECT_LE(a->token_scores[j], 1.0f);
+    EXPECT_NEAR(a->token_scores[j], b->token_scores[j], 1e-4) << j;
+    top = std::max(top, a->token_scores[j]);
+  }
+  EXPECT_GT(top, 0.05f);  // attention concentrates somewhere
+  ASSERT_EQ(a->keep.size(), 60u);
+  EXPECT_TRUE(std::is_sorted(a->keep.begin(), a->keep.end()));
+  for (int j = 130; j < 150; ++j) {
+    EXPECT_TRUE(std::binary_search(a->keep.begin(), a->keep.end(), j)) << "window position " << j;
+  }
+  // The highest-scoring position outside the window is kept.
+  const int best =
+      static_cast<int>(std::max_element(a->token_scores.begin(), a->token_scores.begin() + 130) -
+                       a->token_scores.begin());
+  EXPECT_TRUE(std::binary_search(a->keep.begin(), a->keep.end(), best)) << best;
+
+  r.specpc.budget = 150;
+  absl::StatusOr<DraftResult> all = whole->Score(r);
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->keep.size(), 150u);
+  for (int j = 0; j < 150; ++j) EXPECT_EQ(all->keep[j], j);
+}
+
+TEST(DraftEngineTest, BadRequestsAndOptionsAreRefusedWithAMessage) {
+  std::unique_ptr<DraftEngine> e = Engine(4, 512, "auto");
+  ASSERT_NE(e, nullptr);
+  auto refused = [&](DraftRequest r, const std::string& words) {
+    absl::StatusOr<DraftResult> got = e->Score(r);
+    ASSERT_FALSE(got.ok());
+    EXPECT_NE(got.status().message().find(words), std::string::npos) << got.status();
+  };
+  DraftRequest r;
+  refused(r, "empty prompt");
+  r.prompt = {1, 2, 3, -5};
+  refused(r, "outside the vocabulary");
+  r.prompt = SomePrompt(10);
+  r.lookahead = -1;
+  refused(r, "lookahead");
+  r.lookahead = 0;
+  r.first_layer = 4;
+  refused(r, "past the draft's 4 layers");
+  r.first_layer = -1;
+  r.lookahead = 600;
+  refused(r, "exceed the draft's context");
+  DraftEngineOptions o;
+  o.model_path = TestModelPath();
+  o.self_draft_layers = 99;
+  absl::StatusOr<std::unique_ptr<DraftEngine>> bad = DraftEngine::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("self-draft layers"), std::string::npos) << bad.status();
+}
+
+}  // namespace
+}  // namespace tripod
