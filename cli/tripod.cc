@@ -263,6 +263,7 @@ absl::Status PopImportanceMain();                 // cli/pop_importance.cc
 absl::Status EvalPopMain(int argc, char** argv);  // cli/eval_pop.cc
 absl::Status PrefillMain();                       // cli/prefill.cc
 absl::Status ServeMain();                         // cli/serve.cc
+absl::Status DraftMain();                         // cli/draft.cc
 
 }  // namespace tripod
 
@@ -277,7 +278,9 @@ int main(int argc, char** argv) {
       "  logits     write raw float32 logits of --ids to --out (reference tests)\n"
       "  pop-importance  per-layer prefill/decode importance for POP: --corpus --out\n"
       "  eval-pop   POP quality vs the full model and controls (JSON): --corpus --prompts\n"
-      "  prefill    one POP prefill (JSON: plan, resident bytes, timing): --prompt | --ids\n");
+      "  prefill    one POP prefill (JSON: plan, resident bytes, timing): --prompt | --ids\n"
+      "  draft      one draft pass (JSON: SpecPC token scores and kept positions, lookahead):\n"
+      "             --prompt | --ids, --draft_layers N --window 64 --budget C --lookahead L\n");
   // A bare `--chat` (no message) starts an interactive chat.
   std::vector<char*> argv2(argv, argv + argc);
   static char interactive[] = "--interactive";
@@ -321,6 +324,8 @@ int main(int argc, char** argv) {
     status = tripod::EvalPopMain(argc, argv);
   } else if (cmd == "prefill") {
     status = tripod::PrefillMain();
+  } else if (cmd == "draft") {
+    status = tripod::DraftMain();
   } else {
     std::fprintf(stderr, "tripod: unknown command '%s'\n%s\n", cmd.c_str(),
                  absl::ProgramUsageMessage().data());

@@ -197,7 +197,8 @@ class ReferenceModel:
       out[..., 1 : c.rope_dim : 2] = a * sin + b * cos
     return out
 
-  def _attention(self, x, layer):
+  def _qkv(self, x, layer):
+    """Q, K (per-head norms and RoPE applied) and V of the normed stream x: [n, heads, head_dim]."""
     c = self.config
     n = x.shape[0]
     q = x @ layer["attn_q"].T
@@ -213,8 +214,12 @@ class ReferenceModel:
       q = self._rms_norm(q, layer["attn_q_norm"])
     if layer["attn_k_norm"] is not None:
       k = self._rms_norm(k, layer["attn_k_norm"])
-    q = self._rope(q)
-    k = self._rope(k)
+    return self._rope(q), self._rope(k), v
+
+  def _attention(self, x, layer):
+    c = self.config
+    n = x.shape[0]
+    q, k, v = self._qkv(x, layer)
     group = c.n_head // c.n_head_kv
     scale = 1.0 / np.sqrt(c.head_dim)
     mask = np.triu(np.full((n, n), -np.inf, dtype=self.dtype), k=1)
