@@ -55,6 +55,8 @@ from tripod.v1 import completion_pb2 as cpb  # noqa: E402
 from tripod.v1 import completion_pb2_grpc as cgrpc  # noqa: E402
 from tripod.v1 import decode_pb2 as dpb  # noqa: E402
 from tripod.v1 import decode_pb2_grpc as dgrpc  # noqa: E402
+from tripod.v1 import draft_pb2 as rpb  # noqa: E402
+from tripod.v1 import draft_pb2_grpc as rgrpc  # noqa: E402
 from tripod.v1 import kv_chunk_pb2 as kpb  # noqa: E402
 from tripod.v1 import prefill_pb2 as ppb  # noqa: E402
 from tripod.v1 import prefill_pb2_grpc as pgrpc  # noqa: E402
@@ -62,6 +64,7 @@ from tripod.v1 import prefill_pb2_grpc as pgrpc  # noqa: E402
 
 def binary(name):
   env = {"prefill": "TRIPOD_PREFILL_BIN", "decode": "TRIPOD_DECODE_BIN", "tripod": "TRIPOD_BIN",
+         "draft": "TRIPOD_DRAFT_BIN",
          "tokenize": "TRIPOD_TOKENIZE_BIN", "scheduler": "TRIPOD_SCHEDULER_BIN"}[name]
   path = os.environ.get(env)
   if not path or not os.access(path, os.X_OK):
@@ -79,8 +82,8 @@ def _reap_all():
 
 
 class Worker:
-  """One process (tripod-prefill, tripod-decode or tripod-scheduler) with its stub and HTTP
-  port."""
+  """One process (tripod-prefill, tripod-decode, tripod-draft or tripod-scheduler) with its stub
+  and HTTP port."""
 
   def __init__(self, role, args, name=None, env=None, netns=None, connect=True, prefix=()):
     self.role = role
@@ -118,7 +121,7 @@ class Worker:
     self.channel = grpc.insecure_channel(self.address, options=[
         ("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)])
     self.stub = {"prefill": pgrpc.PrefillStub, "decode": dgrpc.DecodeStub,
-                 "scheduler": cgrpc.CompletionStub}[role](self.channel)
+                 "draft": rgrpc.DraftStub, "scheduler": cgrpc.CompletionStub}[role](self.channel)
     self.url = f"http://{self.host}:{self.http_port}"
 
   def _wait_ports(self):
@@ -231,6 +234,12 @@ class Cluster:
   def decode(self, **args):
     name = args.pop("name", None)
     w = Worker("decode", args, name=name)
+    self.workers.append(w)
+    return w
+
+  def draft(self, **args):
+    name = args.pop("name", None)
+    w = Worker("draft", args, name=name)
     self.workers.append(w)
     return w
 
