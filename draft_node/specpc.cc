@@ -16,19 +16,6 @@ std::vector<float> SpecPcTokenScores(const CapturedAttention& att, int first_lay
   return s;
 }
 
-std::vector<float> MaxPool1d(const std::vector<float>& s, int kernel) {
-  const int n = static_cast<int>(s.size());
-  const int left = (std::max(kernel, 1) - 1) / 2, right = std::max(kernel, 1) - 1 - left;
-  std::vector<float> out(n);
-  for (int j = 0; j < n; ++j) {
-    // Zero padding: scores are probabilities (>= 0), so padding never wins over a real one.
-    float m = (j - left < 0 || j + right >= n) ? 0.0f : s[j];
-    for (int i = std::max(0, j - left); i <= std::min(n - 1, j + right); ++i) m = std::max(m, s[i]);
-    out[j] = m;
-  }
-  return out;
-}
-
 std::vector<int32_t> SpecPcSelect(const std::vector<float>& pooled, const SpecPcParams& p) {
   const int n = static_cast<int>(pooled.size());
   std::vector<int32_t> keep;

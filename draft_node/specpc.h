@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/compute/forward.h"
+#include "common/compute/max_pool.h"
 
 namespace tripod {
 
@@ -21,10 +22,6 @@ struct SpecPcParams {
 // Per prompt position j: the max over layers >= first_layer and KV heads of the captured
 // (ramp-weighted) max. Sizes: n_keys of `att`.
 std::vector<float> SpecPcTokenScores(const CapturedAttention& att, int first_layer);
-
-// Same-length max-pool with zero padding: out[j] = max of s over [j - (k - 1) / 2, j + k - 1 -
-// (k - 1) / 2], clamped to the sequence.
-std::vector<float> MaxPool1d(const std::vector<float>& s, int kernel);
 
 // Steps 5 and 6: seeds are the `budget` highest pooled scores (ties: the earlier position); for
 // each seed in score order its neighbourhood, nearest first, clamped; then the last `window`

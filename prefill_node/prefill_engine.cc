@@ -148,4 +148,81 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& pro
   return r;
 }
 
+absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_t>& prompt,
+                                                        const TrimPolicy& policy,
+                                                        const ForwardPlan* plan_in) {
+  RETURN_IF_ERROR(CheckPrompt(model_->config, prompt));
+  const ModelConfig& c = model_->config;
+  const int n = static_cast<int>(prompt.size());
+  const int m = n - 1;
+  RETURN_IF_ERROR(ValidateTrimPolicy(policy, m));
+  const ForwardPlan& plan = plan_in != nullptr ? *plan_in : plan_;
+  PrefillRun run;
+  run.plan = plan_in;
+  if (KeepsEverything(policy, m)) return Run(prompt, run);
+  if (policy.method == TrimMethod::kStreamingLlm || policy.method == TrimMethod::kDraftMap) {
+    ASSIGN_OR_RETURN(PrefillResult r, Run(prompt, run));
+    ASSIGN_OR_RETURN(r.kv, TrimSnapshot(r.kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads),
+                                        policy.budget));
+    return r;
+  }
+  if (plan.count(LayerMode::kFull) != c.n_layers) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "prefill: ", TrimMethodName(policy.method), " scores every layer's attention, and plan ",
+        plan.DebugString(), " has layers without queries (POP's K/V-only layers)"));
+  }
+  const std::vector<int32_t> lookahead =
+      policy.method == TrimMethod::kSpecKv ? policy.lookahead : std::vector<int32_t>{};
+  std::vector<int32_t> tail(prompt.begin() + (m - policy.window), prompt.end());
+  tail.insert(tail.end(), lookahead.begin(), lookahead.end());
+  for (int32_t t : lookahead) {
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefill: lookahead token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+  }
+  const int total = n + static_cast<int>(lookahead.size());
+  if (total > c.context_length) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill: ", n, " prompt and ", lookahead.size(),
+                                                   " lookahead tokens exceed the context length ",
+                                                   c.context_length));
+  }
+  KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv_dtype_};
+  ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
+                   ContiguousKvCache::Create(layout, 1, total));
+  PrefillResult r;
+  r.prefilled_tokens = m;
+  r.plan_key = plan.KvKey();
+  r.last_token = prompt.back();
+  r.last_position = m;
+  const auto t0 = Clock::now();
+  // The positions outside the window, in chunks; then the window, the last prompt token and the
+  // lookahead as one batch, whose queries are all captured.
+  const int outside = m - policy.window;
+  for (int begin = 0; begin < outside; begin += options_.chunk) {
+    const int len = std::min(options_.chunk, outside - begin);
+    StepBatch batch;
+    batch.AddSequence(0, prompt.data() + begin, len, begin, begin, false);
+    RETURN_IF_ERROR(Forward(*model_, *backend_, plan, batch, *cache, *ws_, nullptr));
+    ++r.chunks;
+  }
+  ForwardPlan scoring = plan;
+  scoring.capture.window = static_cast<int>(tail.size());
+  scoring.capture.layers.assign(c.n_layers, 1);
+  StepBatch batch;
+  batch.AddSequence(0, tail.data(), static_cast<int>(tail.size()), outside, outside, false);
+  std::vector<CapturedAttention> captured;
+  RETURN_IF_ERROR(
+      Forward(*model_, *backend_, scoring, batch, *cache, *ws_, nullptr, {}, &captured));
+  ++r.chunks;
+  const auto t1 = Clock::now();
+  r.forward_s = Seconds(t0, t1);
+  ASSIGN_OR_RETURN(KvSnapshot full, ExportSnapshot(*cache, 0, m));
+  full.plan_key = r.plan_key;
+  ASSIGN_OR_RETURN(r.kv,
+                   TrimSnapshot(full, ScoredPositions(policy, captured.at(0), m), policy.budget));
+  r.export_s = Seconds(t1, Clock::now());
+  return r;
+}
+
 }  // namespace tripod

@@ -28,6 +28,7 @@
 #include "common/compute/plan.h"
 #include "common/kv/kv_snapshot.h"
 #include "prefill_node/kv_sink.h"
+#include "prefill_node/kv_trimming.h"
 #include "prefill_node/pop_config.h"
 
 namespace tripod {
@@ -66,6 +67,16 @@ class PrefillEngine {
   // Prefills prompt[0..n-2]; n >= 1 (a one-token prompt prefills nothing: an empty snapshot, no
   // sink call). Engine thread only.
   absl::StatusOr<PrefillResult> Run(const std::vector<int32_t>& prompt, const PrefillRun& run = {});
+
+  // Prefills prompt[0..n-2] and trims its KV by `policy`, in process (a snapshot, no sink).
+  // SpecKV and SnapKV run the window, the last prompt token and (SpecKV) the lookahead through
+  // every layer as one batch with their attention captured, and keep per layer and KV head the
+  // window and the best-scored rest; they need a plan whose layers are all full (a K/V-only
+  // layer has no queries here yet): FAILED_PRECONDITION otherwise. A policy that keeps every
+  // position gives exactly Run's result. Engine thread only.
+  absl::StatusOr<PrefillResult> RunTrimmed(const std::vector<int32_t>& prompt,
+                                           const TrimPolicy& policy,
+                                           const ForwardPlan* plan = nullptr);
 
   // The plan for a request's POP config (nullopt: this worker's own). A worker that loaded the
   // full weights (no layer skipped at load) runs any legal plan, its K/V-only layers through the

@@ -41,6 +41,7 @@ void ScoreHead(const AttentionScoreArgs& a, int h) {
       for (int j = 0; j < seen; ++j) {
         const float* kj = &k[size_t{1} * j * hd];
         float dot = 0;
+#pragma omp simd reduction(+ : dot)
         for (int d = 0; d < hd; ++d) dot += q[d] * kj[d];
         p[j] = dot * a.scale;
         m = std::max(m, p[j]);

@@ -1,0 +1,210 @@
+// KV trimming on the prefill engine (bundled model, fp32): a policy that keeps everything gives
+// Run's exact snapshot; StreamingLLM and the draft map keep their fixed positions' rows
+// unchanged; SpecKV and SnapKV keep, per layer and head, the budget: the window and the
+// best-scored rest, with rows equal to the untrimmed prefill's; the decode engine generates
+// from the trimmed KV; a POP plan is refused for the scored methods; and the selection itself
+// on hand-made scores.
+#include "prefill_node/kv_trimming.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "decode_node/decode_engine.h"
+#include "gtest/gtest.h"
+#include "prefill_node/prefill_engine.h"
+#include "tests/unit/test_model.h"
+
+namespace tripod {
+namespace {
+
+std::vector<int32_t> Prompt(int n) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = 300 + (i * 29) % 800;
+  return ids;
+}
+
+TEST(KvTrimmingTest, SelectByScoreKeepsTheWindowAndTheBestPooledRest) {
+  // m = 12, window 3 (positions 9..11), budget 6: the top 3 of the pooled scores over 0..8.
+  std::vector<float> s(12, 0.0f);
+  s[2] = 0.9f;
+  s[6] = 0.5f;
+  s[10] = 1.0f;  // inside the window: never competes
+  // Kernel 1 (no pooling): 2, 6, then the earliest zero (0).
+  EXPECT_EQ(SelectByScore(s.data(), 12, 6, 3, 1), (std::vector<int32_t>{0, 2, 6, 9, 10, 11}));
+  // Kernel 3: pooled 1..3 = 0.9, 5..7 = 0.5: the top 3 are 1, 2, 3.
+  EXPECT_EQ(SelectByScore(s.data(), 12, 6, 3, 3), (std::vector<int32_t>{1, 2, 3, 9, 10, 11}));
+}
+
+TEST(KvTrimmingTest, PoliciesAreCheckedAndNamed) {
+  EXPECT_EQ(*ParseTrimMethod("speckv"), TrimMethod::kSpecKv);
+  EXPECT_EQ(*ParseTrimMethod("streamingllm"), TrimMethod::kStreamingLlm);
+  EXPECT_FALSE(ParseTrimMethod("h2o").ok());
+  TrimPolicy p;
+  p.method = TrimMethod::kSpecKv;
+  p.budget = 16;
+  p.window = 32;
+  EXPECT_FALSE(ValidateTrimPolicy(p, 100).ok());  // window past the budget
+  p.window = 8;
+  EXPECT_TRUE(ValidateTrimPolicy(p, 100).ok());
+  p.method = TrimMethod::kDraftMap;
+  p.keep = {1, 5, 3};
+  p.budget = 3;
+  EXPECT_FALSE(ValidateTrimPolicy(p, 100).ok());  // not ascending
+  p.keep = {1, 3, 5};
+  EXPECT_TRUE(ValidateTrimPolicy(p, 100).ok());
+  EXPECT_TRUE(KeepsEverything(p, 3));
+  EXPECT_FALSE(KeepsEverything(p, 4));
+}
+
+class TrimEngineTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    PrefillOptions o;
+    o.model_path = TestModelPath();
+    o.precision = "fp32";
+    o.chunk = 64;
+    o.pop = *ParsePopConfig("0", "");  // full weights: any plan
+    engine_ = PrefillEngine::Create(o)->release();
+  }
+  static void TearDownTestSuite() {
+    delete engine_;
+    engine_ = nullptr;
+  }
+  static PrefillEngine* engine_;
+};
+PrefillEngine* TrimEngineTest::engine_ = nullptr;
+
+const float* Row(const KvSnapshot& s, bool k, int layer, int head, int slot) {
+  return reinterpret_cast<const float*>(&(k ? s.k : s.v)[s.offset(layer, head, slot)]);
+}
+
+TEST_F(TrimEngineTest, KeepingEverythingIsRunsExactSnapshot) {
+  const std::vector<int32_t> prompt = Prompt(90);
+  const PrefillResult full = *engine_->Run(prompt);
+  for (TrimMethod m : {TrimMethod::kSpecKv, TrimMethod::kSnapKv, TrimMethod::kStreamingLlm}) {
+    TrimPolicy p;
+    p.method = m;
+    p.budget = 89;  // = the prefilled tokens
+    p.window = 16;
+    p.lookahead = {5, 6, 7};
+    const PrefillResult r = *engine_->RunTrimmed(prompt, p);
+    EXPECT_FALSE(r.kv.trimmed()) << TrimMethodName(m);
+    EXPECT_EQ(r.kv.k, full.kv.k) << TrimMethodName(m);
+    EXPECT_EQ(r.kv.v, full.kv.v) << TrimMethodName(m);
+  }
+}
+
+TEST_F(TrimEngineTest, FixedMethodsKeepTheirPositionsRowsUnchanged) {
+  const std::vector<int32_t> prompt = Prompt(90);
+  const PrefillResult full = *engine_->Run(prompt);
+  const ModelConfig& c = engine_->model().config;
+  TrimPolicy p;
+  p.method = TrimMethod::kStreamingLlm;
+  p.budget = 20;
+  const PrefillResult r = *engine_->RunTrimmed(prompt, p);
+  ASSERT_TRUE(r.kv.trimmed());
+  ASSERT_EQ(r.kv.n_slots, 20);
+  for (int l = 0; l < c.n_layers; ++l) {
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      for (int s = 0; s < 20; ++s) {
+        const int32_t pos = r.kv.positions[(l * c.n_kv_heads + h) * 20 + s];
+        ASSERT_EQ(pos, s < 4 ? s : 89 - 20 + s) << l << " " << h << " " << s;
+        ASSERT_EQ(0, std::memcmp(Row(r.kv, true, l, h, s), Row(full.kv, true, l, h, pos),
+                                 r.kv.row_bytes()));
+        ASSERT_EQ(0, std::memcmp(Row(r.kv, false, l, h, s), Row(full.kv, false, l, h, pos),
+                                 r.kv.row_bytes()));
+      }
+    }
+  }
+  p.method = TrimMethod::kDraftMap;
+  p.budget = 3;
+  p.keep = {0, 40, 88};
+  const PrefillResult d = *engine_->RunTrimmed(prompt, p);
+  ASSERT_EQ(d.kv.n_slots, 3);
+  for (int l = 0; l < c.n_layers; ++l) {
+    EXPECT_EQ(d.kv.positions[(l * c.n_kv_heads) * 3 + 1], 40);
+  }
+}
+
+TEST_F(TrimEngineTest, ScoredMethodsKeepTheWindowAndRowsOfTheUntrimmedKv) {
+  const std::vector<int32_t> prompt = Prompt(120);
+  const PrefillResult full = *engine_->Run(prompt);
+  const ModelConfig& c = engine_->model().config;
+  const int m = 119, budget = 40, window = 8;
+  for (TrimMethod method : {TrimMethod::kSpecKv, TrimMethod::kSnapKv}) {
+    TrimPolicy p;
+    p.method = method;
+    p.budget = budget;
+    p.window = window;
+    p.lookahead = {11, 12, 13, 14};
+    absl::StatusOr<PrefillResult> got = engine_->RunTrimmed(prompt, p);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const KvSnapshot& kv = got->kv;
+    ASSERT_TRUE(kv.trimmed());
+    ASSERT_EQ(kv.n_slots, budget);
+    int differ_from_first_head = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        const int32_t* pos = &kv.positions[(l * c.n_kv_heads + h) * budget];
+        ASSERT_TRUE(std::is_sorted(pos, pos + budget));
+        for (int j = m - window; j < m; ++j) ASSERT_TRUE(std::binary_search(pos, pos + budget, j));
+        if (!std::equal(pos, pos + budget, &kv.positions[0])) ++differ_from_first_head;
+        for (int s = 0; s < budget; ++s) {
+          const float* a = Row(kv, true, l, h, s);
+          const float* b = Row(full.kv, true, l, h, pos[s]);
+          for (int d = 0; d < c.head_dim; ++d) {
+            ASSERT_NEAR(a[d], b[d], 1e-3 + 1e-3 * std::fabs(b[d])) << l << " " << h << " " << s;
+          }
+        }
+      }
+    }
+    // Heads choose for themselves: not every (layer, head) keeps the same set.
+    EXPECT_GT(differ_from_first_head, 0) << TrimMethodName(method);
+  }
+  // With a POP plan the skipped layers have no queries: refused, saying why.
+  PopConfig pop;
+  pop.layers = std::vector<int>{20, 21};
+  const ForwardPlan pop_plan = *engine_->PlanFor(pop);
+  TrimPolicy p;
+  p.method = TrimMethod::kSpecKv;
+  p.budget = budget;
+  p.window = window;
+  absl::StatusOr<PrefillResult> refused = engine_->RunTrimmed(prompt, p, &pop_plan);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+}
+
+TEST_F(TrimEngineTest, DecodeGeneratesFromTrimmedKv) {
+  const std::vector<int32_t> prompt = Prompt(100);
+  TrimPolicy p;
+  p.method = TrimMethod::kSpecKv;
+  p.budget = 48;
+  p.window = 8;
+  p.lookahead = {42, 43};
+  PrefillResult r = *engine_->RunTrimmed(prompt, p);
+  DecodeEngineOptions d;
+  d.model_path = TestModelPath();
+  d.precision = "fp32";
+  std::unique_ptr<DecodeEngine> decode = *DecodeEngine::Create(d);
+  DecodeRequest req;
+  req.prompt = prompt;
+  req.max_tokens = 6;
+  req.sampling.temperature = 0;
+  req.ignore_eos = true;
+  req.kv = std::make_shared<const KvSnapshot>(std::move(r.kv));
+  std::vector<int32_t> ids;
+  std::string error;
+  req.on_event = [&](const TokenEvent& e) {
+    if (e.token >= 0) ids.push_back(e.token);
+    if (e.finish == FinishReason::kError) error = e.error;
+  };
+  ASSERT_TRUE(decode->Submit(std::move(req)).ok());
+  ASSERT_TRUE(decode->RunUntilIdle().ok());
+  EXPECT_EQ(error, "");
+  EXPECT_EQ(ids.size(), 6u);
+}
+
+}  // namespace
+}  // namespace tripod
