@@ -37,12 +37,32 @@ ABSL_FLAG(std::string, pop_layers, "",
 ABSL_FLAG(bool, pop_stack_kv, true, "prefill: the skipped layers' K/V as one stacked GEMM");
 ABSL_FLAG(bool, compare_full, true, "prefill: also load the full model to report its bytes");
 ABSL_FLAG(std::string, kv_out, "", "prefill: write the KV snapshot (K then V) to this file");
+ABSL_FLAG(std::string, trim, "none",
+          "prefill: KV trimming method (none, speckv, snapkv, streamingllm, draftmap)");
+ABSL_FLAG(int, trim_budget, 0, "prefill: KV entries kept per layer and head");
+ABSL_FLAG(int, trim_window, 32, "prefill: SpecKV/SnapKV observation window");
+ABSL_FLAG(std::string, trim_lookahead, "",
+          "prefill: SpecKV's lookahead token ids, comma-separated");
+ABSL_FLAG(std::string, trim_keep, "", "prefill: the draft map's kept positions, comma-separated");
 ABSL_FLAG(int, generate, 0,
           "prefill: then decode this many greedy tokens from the KV snapshot in process "
           "(printed as generated_ids)");
 
 namespace tripod {
 namespace {
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text, const char* what) {
+  std::vector<int32_t> ids;
+  if (text.empty()) return ids;
+  for (absl::string_view s : absl::StrSplit(text, ',')) {
+    int32_t id;
+    if (!absl::SimpleAtoi(s, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill: bad ", what, " '", s, "'"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
 
 // Greedy tokens of `prompt` from a DecodeEngine that imports `kv` (tokens 0..n-2) and runs the
 // last prompt token itself, as a decode worker does with a transferred KV.
@@ -105,8 +125,14 @@ absl::Status PrefillMain() {
   if (absl::GetFlag(FLAGS_compare_full)) {
     ASSIGN_OR_RETURN(full_bytes, FullModelWeightBytes(o.model_path, o.precision));
   }
+  TrimPolicy trim;
+  ASSIGN_OR_RETURN(trim.method, ParseTrimMethod(absl::GetFlag(FLAGS_trim)));
+  trim.budget = absl::GetFlag(FLAGS_trim_budget);
+  trim.window = absl::GetFlag(FLAGS_trim_window);
+  ASSIGN_OR_RETURN(trim.lookahead, ParseIds(absl::GetFlag(FLAGS_trim_lookahead), "lookahead id"));
+  ASSIGN_OR_RETURN(trim.keep, ParseIds(absl::GetFlag(FLAGS_trim_keep), "kept position"));
   ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, PrefillEngine::Create(o));
-  ASSIGN_OR_RETURN(PrefillResult r, engine->Run(prompt));
+  ASSIGN_OR_RETURN(PrefillResult r, engine->RunTrimmed(prompt, trim));
 
   const std::string kv_out = absl::GetFlag(FLAGS_kv_out);
   if (!kv_out.empty()) {
@@ -131,8 +157,8 @@ absl::Status PrefillMain() {
       "\"last_token\":%d,\"last_position\":%d,\"resident_weight_bytes\":%zu,",
       o.model_path.c_str(), engine->backend().name().c_str(), ComputeThreads(),
       engine->plan().DebugString().c_str(),
-      DescribeSkipped(engine->skipped_layers(), c.n_layers).c_str(), prompt.size(), r.kv.n_slots,
-      r.last_token, r.last_position, pop_bytes);
+      DescribeSkipped(engine->skipped_layers(), c.n_layers).c_str(), prompt.size(),
+      r.prefilled_tokens, r.last_token, r.last_position, pop_bytes);
   if (full_bytes > 0) {
     std::printf("\"full_model_weight_bytes\":%zu,\"resident_fraction\":%.3f,", full_bytes,
                 static_cast<double>(pop_bytes) / static_cast<double>(full_bytes));
@@ -143,9 +169,10 @@ absl::Status PrefillMain() {
     std::printf("],");
   }
   std::printf(
-      "\"kv_bytes\":%zu,\"chunks\":%d,\"forward_s\":%.4f,\"tok_s\":%.1f,\"export_s\":%.4f}\n",
-      r.kv.k.size() + r.kv.v.size(), r.chunks, r.forward_s,
-      r.forward_s > 0 ? r.kv.n_slots / r.forward_s : 0.0, r.export_s);
+      "\"trim\":\"%s\",\"kv_slots\":%d,\"kv_bytes\":%zu,\"chunks\":%d,\"forward_s\":%.4f,"
+      "\"tok_s\":%.1f,\"export_s\":%.4f}\n",
+      TrimMethodName(trim.method), r.kv.n_slots, r.kv.k.size() + r.kv.v.size(), r.chunks,
+      r.forward_s, r.forward_s > 0 ? r.prefilled_tokens / r.forward_s : 0.0, r.export_s);
   return absl::OkStatus();
 }
 

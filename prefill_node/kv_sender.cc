@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/contiguous_kv_cache.h"
 #include "common/rpc/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
 #include "common/util/status_macros.h"
@@ -125,6 +126,36 @@ absl::Status KvSender::PushRange(KvStore& store, int32_t kv_seq, const KvRange& 
   for (const KvRange& p : SplitKvRange(store.layout(), range, kMaxKvChunkPayload)) {
     v1::KvChunk chunk;
     EncodeKvChunk(store, kv_seq, p.layer_begin, p.layer_end, p.slot_begin, p.slot_end, &chunk);
+    RETURN_IF_ERROR(Push(std::move(chunk)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvSender::PushTrimmed(const KvSnapshot& kv) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(StoppedStatus());
+  }
+  const KvLayout& l = kv.layout;
+  if (!kv.trimmed() || kv.n_slots <= 0) {
+    return absl::InvalidArgumentError("KvSender: PushTrimmed needs trimmed KV");
+  }
+  // Through a store of its own, so that chunks are encoded as the untrimmed ones are.
+  ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> store,
+                   ContiguousKvCache::Create(l, 1, kv.n_slots));
+  RETURN_IF_ERROR(WriteSnapshot(kv, *store, 0));
+  const KvRange all{0, l.n_layers, 0, kv.n_slots};
+  std::vector<int32_t> kept;
+  for (const KvRange& p : SplitKvRange(l, all, kMaxKvChunkPayload)) {
+    kept.clear();
+    for (int layer = p.layer_begin; layer < p.layer_end; ++layer) {
+      for (int h = 0; h < l.n_kv_heads; ++h) {
+        const int32_t* row = &kv.positions[(size_t{1} * layer * l.n_kv_heads + h) * kv.n_slots];
+        kept.insert(kept.end(), row + p.slot_begin, row + p.slot_end);
+      }
+    }
+    v1::KvChunk chunk;
+    EncodeKvChunk(*store, 0, p.layer_begin, p.layer_end, p.slot_begin, p.slot_end, &chunk, kept);
     RETURN_IF_ERROR(Push(std::move(chunk)));
   }
   return absl::OkStatus();

@@ -25,6 +25,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/kv/kv_layout.h"
+#include "common/kv/kv_snapshot.h"
 #include "common/kv/kv_store.h"
 #include "grpcpp/grpcpp.h"
 #include "prefill_node/kv_sink.h"
@@ -74,6 +75,9 @@ class KvSender {
   // Queues the end message (totals of what was pushed), waits for the acknowledgement (bounded
   // by options.ack_timeout: DEADLINE_EXCEEDED, and the call cancelled), returns it. Once.
   absl::StatusOr<v1::PushKvResponse> Finish();
+  // Pushes a whole trimmed snapshot (every layer, its n_slots kept entries) with each chunk's
+  // kept positions; the decode side's reservation must hold kv.n_slots slots.
+  absl::Status PushTrimmed(const KvSnapshot& kv);
   // Cancels the call; blocked Push and Finish calls return CANCELLED. Any thread; idempotent.
   void Abort();
 

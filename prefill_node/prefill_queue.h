@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "common/compute/plan.h"
 #include "prefill_node/cancel_token.h"
+#include "prefill_node/kv_trimming.h"
 
 namespace tripod {
 
@@ -32,6 +33,7 @@ struct PrefillJob {
   uint64_t request_id = 0;  // 0: anonymous (not cancellable by id)
   std::vector<int32_t> prompt;
   ForwardPlan plan;
+  TrimPolicy trim;  // kNone: all of the KV, streamed layer by layer
   std::string decode_address;
   uint64_t transfer_id = 0;
   // The caller's deadline (bounds the KV stream); max(): none.

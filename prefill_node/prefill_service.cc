@@ -13,6 +13,40 @@
 
 namespace tripod {
 
+absl::StatusOr<TrimPolicy> TrimPolicyFromWire(const v1::Trimming& t) {
+  TrimPolicy p;
+  switch (t.method()) {
+    case v1::TRIM_NONE:
+      return p;
+    case v1::TRIM_SPECKV:
+      p.method = TrimMethod::kSpecKv;
+      break;
+    case v1::TRIM_SNAPKV:
+      p.method = TrimMethod::kSnapKv;
+      break;
+    case v1::TRIM_STREAMINGLLM:
+      p.method = TrimMethod::kStreamingLlm;
+      break;
+    case v1::TRIM_DRAFTMAP:
+      p.method = TrimMethod::kDraftMap;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefill: unknown trimming method ", static_cast<int>(t.method())));
+  }
+  if (t.window() < 0 || t.pool_kernel() < 0 || t.sink_tokens() < 0) {
+    return absl::InvalidArgumentError(
+        "prefill: trimming window, pool_kernel and sink_tokens must not be negative");
+  }
+  p.budget = t.budget();
+  if (t.window() > 0) p.window = t.window();
+  if (t.pool_kernel() > 0) p.pool_kernel = t.pool_kernel();
+  if (t.sink_tokens() > 0) p.sink_tokens = t.sink_tokens();
+  p.lookahead.assign(t.lookahead().begin(), t.lookahead().end());
+  p.keep.assign(t.keep().begin(), t.keep().end());
+  return p;
+}
+
 absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
                                           const v1::PrefillRequest& request) {
   PrefillJob job;
@@ -25,11 +59,8 @@ absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
   if (request.transfer_id() == 0) {
     return absl::InvalidArgumentError("prefill: transfer_id is missing (Decode.Reserve gives it)");
   }
-  if (request.trimming().method() != v1::TRIM_NONE) {
-    return absl::InvalidArgumentError(absl::StrCat("prefill: trimming method ",
-                                                   request.trimming().method(),
-                                                   " is not supported; only TRIM_NONE"));
-  }
+  ASSIGN_OR_RETURN(job.trim, TrimPolicyFromWire(request.trimming()));
+  RETURN_IF_ERROR(ValidateTrimPolicy(job.trim, static_cast<int>(job.prompt.size()) - 1));
   // Each branch asks for its plan itself: an optional<PopConfig> filled in branches made GCC 12
   // under ASan warn (-Wmaybe-uninitialized) about the vector inside it.
   const v1::PrefillPlan& plan = request.plan();

@@ -17,11 +17,15 @@
 namespace tripod {
 
 // The job a Prefill.Run request asks for, checked: a prompt the model takes, a decode address
-// and transfer id, no trimming (TRIM_NONE only, for now), and a plan the engine can run
+// and transfer id, a trimming policy that holds (ValidateTrimPolicy), and a plan the engine can run
 // (PrefillEngine::PlanFor: the worker's own when the request names none). INVALID_ARGUMENT or
 // FAILED_PRECONDITION saying what is wrong otherwise.
 absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
                                           const v1::PrefillRequest& request);
+
+// The engine's trimming policy for a request's Trimming (defaults filled in: window 32, pool 7,
+// sink tokens 4); INVALID_ARGUMENT for an unknown method or negative fields.
+absl::StatusOr<TrimPolicy> TrimPolicyFromWire(const v1::Trimming& trimming);
 
 class PrefillService final : public v1::Prefill::Service {
  public:

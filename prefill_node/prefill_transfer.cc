@@ -32,13 +32,26 @@ PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
   {
     // A cancel wakes a Push blocked on the network, and ends the call.
     ScopedOnCancel abort_stream(cancel, [&sender] { sender.Abort(); });
-    PrefillRun run;
-    run.plan = &job.plan;
-    run.cancel = &cancel.flag();
-    run.sink = [&sender](KvStore& store, int32_t kv_seq, const KvRange& range) {
-      return sender.PushRange(store, kv_seq, range);
-    };
-    absl::StatusOr<PrefillResult> r = engine.Run(job.prompt, run);
+    absl::StatusOr<PrefillResult> r;
+    if (KeepsEverything(job.trim, static_cast<int>(job.prompt.size()) - 1)) {
+      PrefillRun run;
+      run.plan = &job.plan;
+      run.cancel = &cancel.flag();
+      run.sink = [&sender](KvStore& store, int32_t kv_seq, const KvRange& range) {
+        return sender.PushRange(store, kv_seq, range);
+      };
+      r = engine.Run(job.prompt, run);
+    } else {
+      // Trimmed KV leaves after the scoring, all at once: which entries each layer keeps is
+      // known only when the window's attention has been seen in every layer.
+      r = engine.RunTrimmed(job.prompt, job.trim, &job.plan);
+      if (r.ok() && cancel.flag().load()) {
+        r = absl::CancelledError("prefill: cancelled after the trimmed forward");
+      }
+      if (r.ok()) {
+        if (absl::Status s = sender.PushTrimmed(r->kv); !s.ok()) r = s;
+      }
+    }
     const Clock::time_point computed = Clock::now();
     o.compute_s = Seconds(start, computed);
     if (r.ok()) {

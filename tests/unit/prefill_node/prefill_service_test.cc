@@ -184,7 +184,10 @@ TEST_F(PrefillServiceTest, RefusesBadRequests) {
   r = Request(prompt, decode, 0);
   EXPECT_EQ(code(r), grpc::StatusCode::INVALID_ARGUMENT);
   r = Request(prompt, decode, 23);
-  r.mutable_trimming()->set_method(static_cast<v1::TrimMethod>(1));
+  r.mutable_trimming()->set_method(v1::TRIM_SPECKV);  // without a budget
+  EXPECT_EQ(code(r), grpc::StatusCode::INVALID_ARGUMENT);
+  r.mutable_trimming()->set_method(static_cast<v1::TrimMethod>(99));
+  r.mutable_trimming()->set_budget(8);
   EXPECT_EQ(code(r), grpc::StatusCode::INVALID_ARGUMENT);
   // Plans: another ratio on this pruned worker; a bad ratio; the worker's own, named explicitly.
   r = Request(prompt, decode, 23);
@@ -206,7 +209,7 @@ TEST_F(PrefillServiceTest, RefusesBadRequests) {
 
   const std::string text = registry_.Exposition();
   EXPECT_NE(
-      text.find("tripod:prefill_requests_total{outcome=\"invalid_argument\",role=\"prefill\"} 7"),
+      text.find("tripod:prefill_requests_total{outcome=\"invalid_argument\",role=\"prefill\"} 8"),
       std::string::npos)
       << text;
 }

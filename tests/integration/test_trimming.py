@@ -1,0 +1,130 @@
+"""Trimmed KV between real processes: Prefill.Run with a trimming policy sends only the kept
+entries (each chunk with its kept positions) to a decode worker that reserved that many slots,
+and the decode worker generates from them, for every method:
+
+  * the networked path's greedy tokens equal the single-process path's (`tripod prefill --trim
+    ... --generate N`: the same engine trims, a DecodeEngine imports the snapshot in process);
+  * the payload sent falls to the budget: budget / (n - 1) of the untrimmed transfer's bytes;
+  * a policy that cannot hold is refused before any work (INVALID_ARGUMENT), SpecKV on a POP plan
+    is FAILED_PRECONDITION, and the decode worker ends with every KV block free.
+"""
+
+import json
+import subprocess
+
+import grpc
+import pytest
+
+import cluster as C
+
+N = 96
+BUDGET = 24
+WINDOW = 8
+MAX_TOKENS = 8
+LOOKAHEAD = [13, 17, 19, 23]
+KEEP = [0, 1, 2, 10, 20, 30, 40, 50, 60, 70, 80, 81, 82, 83, 84, 85, 86, 87, 88, 89, 90, 91, 92,
+        94]
+
+
+@pytest.fixture(scope="module")
+def workers():
+  with C.Cluster() as cl:
+    prefill = cl.prefill(threads=1, pop_ratio="0", chunk=32)
+    decode = cl.decode(threads=1, kv_budget_mb=64)
+    yield prefill, decode
+
+
+@pytest.fixture(scope="module")
+def prompt():
+  return C.corpus_prompt(N, offset=40)
+
+
+def trimming(method):
+  t = C.ppb.Trimming(method=method, budget=BUDGET, window=WINDOW)
+  if method == C.ppb.TRIM_SPECKV:
+    t.lookahead.extend(LOOKAHEAD)
+  if method == C.ppb.TRIM_DRAFTMAP:
+    t.keep.extend(KEEP)
+  return t
+
+
+def networked(prefill, decode, prompt, trim, request_id):
+  h = prefill.health()
+  slots = 0 if trim is None else BUDGET
+  res = decode.stub.Reserve(C.dpb.ReserveRequest(prompt_tokens=len(prompt), plan_key=h.plan_key,
+                                                 kv_slots=slots),
+                            metadata=C.METADATA, timeout=30)
+  run = prefill.stub.Run(
+      C.ppb.PrefillRequest(request_id=request_id, prompt=prompt, decode_address=decode.address,
+                           transfer_id=res.transfer_id, trimming=trim),
+      metadata=C.METADATA, timeout=C.CALL_TIMEOUT_S)
+  tokens, last = C.generate(decode, prompt, transfer_id=res.transfer_id, max_tokens=MAX_TOKENS,
+                            request_id=request_id, ignore_eos=True)
+  return tokens, run
+
+
+def in_process(prompt, name):
+  args = [C.binary("tripod"), "prefill", f"--model={C.MODEL}",
+          "--ids=" + ",".join(map(str, prompt)), "--pop_ratio=0", "--compare_full=false",
+          f"--generate={MAX_TOKENS}", f"--trim={name}", f"--trim_budget={BUDGET}",
+          f"--trim_window={WINDOW}", "--trim_lookahead=" + ",".join(map(str, LOOKAHEAD)),
+          "--trim_keep=" + ",".join(map(str, KEEP)), "--chunk=32"]
+  out = subprocess.run(args, capture_output=True, text=True, timeout=C.CALL_TIMEOUT_S, check=True)
+  return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("method,name", [
+    (C.ppb.TRIM_STREAMINGLLM, "streamingllm"),
+    (C.ppb.TRIM_SPECKV, "speckv"),
+    (C.ppb.TRIM_SNAPKV, "snapkv"),
+    (C.ppb.TRIM_DRAFTMAP, "draftmap"),
+])
+def test_trimmed_transfer_generates_the_in_process_tokens(workers, prompt, method, name):
+  prefill, decode = workers
+  _, full_run = networked(prefill, decode, prompt, None, request_id=1)
+  tokens, run = networked(prefill, decode, prompt, trimming(method), request_id=2)
+  want = in_process(prompt, name)
+  assert want["kv_slots"] == BUDGET
+  assert tokens == want["generated_ids"], name
+  assert len(tokens) == MAX_TOKENS
+  ratio = run.bytes_sent / full_run.bytes_sent
+  assert abs(ratio - BUDGET / (N - 1)) < 0.02, (run.bytes_sent, full_run.bytes_sent)
+  C.wait_until(lambda: C.all_blocks_free(decode), 30, "all KV blocks free")
+
+
+@pytest.mark.parametrize("trim,code,words", [
+    (C.ppb.Trimming(method=C.ppb.TRIM_SPECKV, budget=0), grpc.StatusCode.INVALID_ARGUMENT,
+     "budget must be positive"),
+    (C.ppb.Trimming(method=C.ppb.TRIM_SNAPKV, budget=8, window=16),
+     grpc.StatusCode.INVALID_ARGUMENT, "window must be in"),
+    (C.ppb.Trimming(method=C.ppb.TRIM_DRAFTMAP, budget=3, keep=[5, 2, 9]),
+     grpc.StatusCode.INVALID_ARGUMENT, "ascend"),
+])
+def test_bad_policies_are_refused(workers, prompt, trim, code, words):
+  prefill, decode = workers
+  with pytest.raises(grpc.RpcError) as e:
+    prefill.stub.Run(C.ppb.PrefillRequest(request_id=9, prompt=prompt,
+                                          decode_address=decode.address, transfer_id=12345,
+                                          trimming=trim),
+                     metadata=C.METADATA, timeout=60)
+  assert e.value.code() == code, e.value.details()
+  assert words in e.value.details()
+
+
+def test_speckv_on_a_pop_plan_is_refused(workers, prompt):
+  prefill, decode = workers
+  h = prefill.health()
+  res = decode.stub.Reserve(C.dpb.ReserveRequest(prompt_tokens=len(prompt), plan_key=h.plan_key,
+                                                 kv_slots=BUDGET),
+                            metadata=C.METADATA, timeout=30)
+  with pytest.raises(grpc.RpcError) as e:
+    prefill.stub.Run(C.ppb.PrefillRequest(
+        request_id=10, prompt=prompt, decode_address=decode.address,
+        transfer_id=res.transfer_id, trimming=trimming(C.ppb.TRIM_SPECKV),
+        plan=C.ppb.PrefillPlan(pop_ratio="1/3")),
+        metadata=C.METADATA, timeout=60)
+  assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
+  # The scheduler cancels the reservation of a refused prefill.
+  decode.stub.Cancel(C.pb.CancelRequest(transfer_id=res.transfer_id), metadata=C.METADATA,
+                     timeout=30)
+  C.wait_until(lambda: C.all_blocks_free(decode), 60, "all KV blocks free")
