@@ -11,7 +11,7 @@ absl::StatusOr<DraftOutcome> DraftWorker::Run(const DraftRequest& request, absl:
                                               const std::function<bool()>& cancelled) {
   const absl::Time accepted = absl::Now();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (draining_) return absl::UnavailableError("draft worker: draining, no new work");
     if (waiting_ >= max_queue_) {
       return absl::ResourceExhaustedError(
@@ -20,14 +20,17 @@ absl::StatusOr<DraftOutcome> DraftWorker::Run(const DraftRequest& request, absl:
     ++waiting_;
     // Poll for a cancel while waiting: the caller's client may go away (gRPC's sync API has no
     // callback for it).
-    const auto engine_free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !busy_; };
-    while (!mu_.AwaitWithTimeout(absl::Condition(&engine_free), absl::Milliseconds(20))) {
+    while (busy_) {
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
+      if (!busy_) break;
       if (cancelled && cancelled()) {
         --waiting_;
+        cv_.SignalAll();
         return absl::CancelledError("draft worker: the client cancelled while waiting");
       }
       if (absl::Now() >= deadline) {
         --waiting_;
+        cv_.SignalAll();
         return absl::DeadlineExceededError("draft worker: the deadline passed while waiting");
       }
     }
@@ -37,8 +40,9 @@ absl::StatusOr<DraftOutcome> DraftWorker::Run(const DraftRequest& request, absl:
   const absl::Time started = absl::Now();
   absl::StatusOr<DraftResult> r = engine_.Score(request);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     busy_ = false;
+    cv_.SignalAll();
   }
   if (!r.ok()) return r.status();
   DraftOutcome o;
@@ -50,24 +54,24 @@ absl::StatusOr<DraftOutcome> DraftWorker::Run(const DraftRequest& request, absl:
 }
 
 void DraftWorker::Shutdown(absl::Duration grace) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   draining_ = true;
-  const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ == 0 && !busy_; };
-  mu_.AwaitWithTimeout(absl::Condition(&idle), grace);
+  const absl::Time until = absl::Now() + grace;
+  while ((waiting_ > 0 || busy_) && absl::Now() < until) cv_.WaitWithDeadline(&mu_, until);
 }
 
 int DraftWorker::queued() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return waiting_;
 }
 
 int DraftWorker::running() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return busy_ ? 1 : 0;
 }
 
 bool DraftWorker::draining() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return draining_;
 }
 

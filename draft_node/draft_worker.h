@@ -7,8 +7,8 @@
 #include <functional>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/util/mutex.h"
 #include "draft_node/draft_engine.h"
 #include "draft_node/draft_metrics.h"
 
@@ -43,7 +43,8 @@ class DraftWorker {
   DraftEngine& engine_;
   DraftMetrics* metrics_;
   const int max_queue_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;  // common/util/mutex.h: TSan sees it
+  CondVar cv_;        // signalled when the engine falls free or a waiter leaves
   int waiting_ ABSL_GUARDED_BY(mu_) = 0;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
