@@ -11,21 +11,26 @@
 namespace tripod {
 namespace {
 
-// One (sequence, KV head): K of the visible slots converted to fp32 once, then per query head of
-// the group and per query a softmax row, reduced into the head's outputs. Plain loops: this runs
-// for a window of queries on a few layers, far from the decode and prefill kernels' budgets.
+// One (sequence, KV head): K of the visible slots converted to fp32 once, transposed ([d][slot])
+// so that a query's scores are hd axpy passes over contiguous slots, which the compiler
+// vectorises without reassociating (a dot product per slot needs a horizontal sum each).
+// Measured on Zen 4, 2 threads, 65 queries over 2048 slots in 30 layers (`TRIPOD_PROFILE=1
+// tripod draft --draft_layers 30 --first_layer 0 --window 65`), two alternated pairs:
+// 390-411 ms against the dot-product form's 512-523. Then per query head of the group and per
+// query a softmax row, reduced into the head's outputs.
 void ScoreHead(const AttentionScoreArgs& a, int h) {
   const int hd = a.head_dim;
   const int first = std::max(0, a.kv.first_visible_slot);
   const int last = std::min(a.n_keys, a.q_slot0 + a.n_q);  // slots [first, last) can be seen
   if (last <= first) return;
   const int nk = last - first;
-  std::vector<float> k(static_cast<size_t>(nk) * hd);
+  std::vector<float> kt(static_cast<size_t>(nk) * hd);  // [d][slot - first]
+  std::vector<float> row(hd);
   std::vector<uint8_t> raw(KvRowBytes(a.kv.dtype, hd));
   for (int s = first; s < last; ++s) {
     a.kv.ReadK(s, h, hd, raw.data());
-    ConvertKvRow(raw.data(), a.kv.dtype,
-                 reinterpret_cast<uint8_t*>(&k[size_t{1} * (s - first) * hd]), KvDtype::kF32, hd);
+    ConvertKvRow(raw.data(), a.kv.dtype, reinterpret_cast<uint8_t*>(row.data()), KvDtype::kF32, hd);
+    for (int d = 0; d < hd; ++d) kt[size_t{1} * d * nk + (s - first)] = row[d];
   }
   const int group = a.n_heads / a.n_kv_heads;
   std::vector<float> p(nk);
@@ -37,15 +42,14 @@ void ScoreHead(const AttentionScoreArgs& a, int h) {
       const float* q = a.q + i * a.q_stride + int64_t{qh} * hd;
       const int seen = std::min(nk, a.q_slot0 + i + 1 - first);  // keys [first, first + seen)
       if (seen <= 0) continue;
-      float m = -INFINITY;
-      for (int j = 0; j < seen; ++j) {
-        const float* kj = &k[size_t{1} * j * hd];
-        float dot = 0;
-#pragma omp simd reduction(+ : dot)
-        for (int d = 0; d < hd; ++d) dot += q[d] * kj[d];
-        p[j] = dot * a.scale;
-        m = std::max(m, p[j]);
+      std::fill(p.begin(), p.begin() + seen, 0.0f);
+      for (int d = 0; d < hd; ++d) {
+        const float qd = q[d] * a.scale;
+        const float* kd = &kt[size_t{1} * d * nk];
+        float* pp = p.data();
+        for (int j = 0; j < seen; ++j) pp[j] += qd * kd[j];
       }
+      const float m = *std::max_element(p.begin(), p.begin() + seen);
       float total = 0;
       for (int j = 0; j < seen; ++j) {
         p[j] = std::exp(p[j] - m);
