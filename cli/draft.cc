@@ -28,7 +28,7 @@ ABSL_DECLARE_FLAG(int, chunk);
 
 ABSL_FLAG(int, draft_layers, 0,
           "draft: self-draft depth, the first N layers of --model (0: --model is the draft, run "
-          "in full)");
+          "in full); serve: the draft workers' self-draft depth (0: tripod-draft's default, 8)");
 ABSL_FLAG(std::string, draft_target, "", "draft: target model whose vocabulary must match");
 ABSL_FLAG(int, window, 64, "draft: SpecPC window w (queries scored, positions always kept)");
 ABSL_FLAG(int, budget, 0, "draft: SpecPC budget in tokens (0: scores only)");

@@ -1,14 +1,15 @@
-// `tripod serve`: the whole service on one machine. Starts the decode and prefill workers and then
-// the scheduler as child processes on loopback (the scheduler's HTTP API on --host:--port), waits
-// until the scheduler's /health answers 200, prints the URL, and then supervises: a child that
-// dies is started again on the ports it had, after a backoff, so the addresses the scheduler was
-// given stay right. SIGINT/SIGTERM stop the scheduler first (it drains requests that need the
-// workers), then the workers: SIGTERM, a bounded wait, SIGKILL for stragglers, exit 0.
+// `tripod serve`: the whole service on one machine. Starts the decode, prefill and draft workers
+// and then the scheduler as child processes on loopback (the scheduler's HTTP API on
+// --host:--port), waits until the scheduler's /health answers 200, prints the URL, and then
+// supervises: a child that dies is started again on the ports it had, after a backoff, so the
+// addresses the scheduler was given stay right. SIGINT/SIGTERM stop the scheduler first (it drains
+// requests that need the workers), then the workers: SIGTERM, a bounded wait, SIGKILL for
+// stragglers, exit 0.
 //
-// The child binaries (tripod-prefill, tripod-decode, tripod-scheduler) are the ones next to this
-// binary. Each child runs in its own process group, so a terminal's Ctrl-C reaches only us and
-// the shutdown keeps its order, and gets PR_SET_PDEATHSIG, so none outlives a `tripod serve`
-// killed with SIGKILL.
+// The child binaries (tripod-prefill, tripod-decode, tripod-draft, tripod-scheduler) are the ones
+// next to this binary. Each child runs in its own process group, so a terminal's Ctrl-C reaches
+// only us and the shutdown keeps its order, and gets PR_SET_PDEATHSIG, so none outlives a
+// `tripod serve` killed with SIGKILL.
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
@@ -51,12 +52,17 @@ ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 
+ABSL_DECLARE_FLAG(int, draft_layers);  // cli/draft.cc
+
 ABSL_FLAG(int, port, 8000, "serve: the API's HTTP port (0: any free port)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address the API listens on");
 ABSL_FLAG(std::string, pop, "1/3",
           "serve: POP ratio the prefill workers load, e.g. 1/3 or 0.25 (0: full model)");
 ABSL_FLAG(int, prefill_workers, 1, "serve: prefill worker processes (0: decode workers prefill)");
 ABSL_FLAG(int, decode_workers, 1, "serve: decode worker processes");
+ABSL_FLAG(int, draft_workers, 1,
+          "serve: draft worker processes, for the requests' tripod.method speckv, specpc and "
+          "draftmap (0: none; those requests then run without their method)");
 ABSL_FLAG(bool, workers_only, false,
           "serve: start and supervise the workers only, no scheduler (for debugging)");
 
@@ -458,12 +464,17 @@ absl::Status ServeMain() {
   const std::string host = absl::GetFlag(FLAGS_host);
   const int n_prefill = absl::GetFlag(FLAGS_prefill_workers);
   const int n_decode = absl::GetFlag(FLAGS_decode_workers);
+  const int n_draft = absl::GetFlag(FLAGS_draft_workers);
   const bool workers_only = absl::GetFlag(FLAGS_workers_only);
   const std::string pop = absl::GetFlag(FLAGS_pop);
   if (port < 0 || port > 65535) return absl::InvalidArgumentError("--port must be in 0..65535");
   if (host.empty()) return absl::InvalidArgumentError("--host is empty");
   if (n_decode < 1) return absl::InvalidArgumentError("--decode_workers must be at least 1");
   if (n_prefill < 0) return absl::InvalidArgumentError("--prefill_workers must not be negative");
+  if (n_draft < 0) return absl::InvalidArgumentError("--draft_workers must not be negative");
+  if (absl::GetFlag(FLAGS_draft_layers) < 0) {
+    return absl::InvalidArgumentError("--draft_layers must not be negative");
+  }
   if (absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError("--threads must not be negative");
   }
@@ -485,6 +496,7 @@ absl::Status ServeMain() {
   ASSIGN_OR_RETURN(const std::string dir, BinaryDir());
   std::vector<std::string> roles = {"tripod-decode"};
   if (n_prefill > 0) roles.push_back("tripod-prefill");
+  if (n_draft > 0) roles.push_back("tripod-draft");
   if (!workers_only) roles.push_back("tripod-scheduler");
   for (const std::string& r : roles) {
     const std::string path = dir + "/" + r;
@@ -492,7 +504,7 @@ absl::Status ServeMain() {
       return absl::NotFoundError(absl::StrCat(r, " not found next to this binary (", path,
                                               "): build it, e.g. cmake --build build/release "
                                               "--target tripod-prefill tripod-decode "
-                                              "tripod-scheduler"));
+                                              "tripod-draft tripod-scheduler"));
     }
   }
   // Threads: by default the cores are split among the workers, not shared. Disaggregation is
@@ -525,7 +537,7 @@ absl::Status ServeMain() {
   if (mkdtemp(tmpl) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
   }
-  Supervisor sup(tmpl, ChildEnvironment(), static_cast<size_t>(n_prefill + n_decode + 1));
+  Supervisor sup(tmpl, ChildEnvironment(), static_cast<size_t>(n_prefill + n_decode + n_draft + 1));
   const std::vector<std::string> common = {"--model=" + model, absl::StrCat("--threads=", threads),
                                            "--precision=" + absl::GetFlag(FLAGS_precision)};
   std::vector<Child*> workers, decoders, prefillers;
@@ -541,12 +553,25 @@ absl::Status ServeMain() {
     assign_cpus(c);
     prefillers.push_back(&sup.Add(std::move(c)));
   }
+  // A draft worker runs a request's draft hop just before its prefill: it shares a prefill
+  // worker's CPUs (or a decode worker's, without prefill workers) rather than taking a share.
+  std::vector<Child*> drafters;
+  for (int i = 0; i < n_draft; ++i) {
+    Child c{.name = absl::StrCat("draft-", i), .binary = dir + "/tripod-draft", .args = common};
+    if (const int layers = absl::GetFlag(FLAGS_draft_layers); layers > 0) {
+      c.args.push_back(absl::StrCat("--draft_layers=", layers));
+    }
+    const std::vector<Child*>& beside = prefillers.empty() ? decoders : prefillers;
+    c.cpus = beside[i % beside.size()]->cpus;
+    drafters.push_back(&sup.Add(std::move(c)));
+  }
   workers = decoders;
   workers.insert(workers.end(), prefillers.begin(), prefillers.end());
+  workers.insert(workers.end(), drafters.begin(), drafters.end());
   std::fprintf(stderr,
-               "tripod serve: model %s; %d decode and %d prefill worker(s) (POP %s), %d compute "
-               "thread(s) each, %s %d cores\n",
-               model.c_str(), n_decode, n_prefill, pop.c_str(), threads,
+               "tripod serve: model %s; %d decode, %d prefill (POP %s) and %d draft worker(s), %d "
+               "compute thread(s) each, %s %d cores\n",
+               model.c_str(), n_decode, n_prefill, pop.c_str(), n_draft, threads,
                split ? "splitting" : "sharing", cores);
   for (Child* w : workers) RETURN_IF_ERROR(sup.Start(*w));
   if (absl::Status s = AwaitListening(sup, workers); !s.ok()) {
@@ -568,6 +593,7 @@ absl::Status ServeMain() {
     Child c{.name = "scheduler", .binary = dir + "/tripod-scheduler"};
     c.args = {"--model=" + model, "--decode=" + addresses(decoders)};
     if (!prefillers.empty()) c.args.push_back("--prefill=" + addresses(prefillers));
+    if (!drafters.empty()) c.args.push_back("--draft=" + addresses(drafters));
     c.grpc_host = host;
     c.http_host = host;
     c.http_port = port;
@@ -605,8 +631,9 @@ absl::Status ServeMain() {
         "\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'\n",
         ModelStem(model).c_str(), url.c_str(), url.c_str(), ModelStem(model).c_str());
   } else {
-    std::printf("tripod serve: workers only; decode %s, prefill %s (Ctrl-C stops them)\n",
-                addresses(decoders).c_str(), addresses(prefillers).c_str());
+    std::printf("tripod serve: workers only; decode %s, prefill %s, draft %s (Ctrl-C stops them)\n",
+                addresses(decoders).c_str(), addresses(prefillers).c_str(),
+                addresses(drafters).c_str());
   }
   std::fflush(stdout);
 

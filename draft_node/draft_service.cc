@@ -36,8 +36,9 @@ absl::StatusOr<DraftRequest> DraftRequestFromWire(const v1::ScoreRequest& w) {
   return r;
 }
 
-DraftService::DraftService(DraftWorker& worker, DraftMetrics* metrics, v1::ModelIdentity model)
-    : worker_(worker), metrics_(metrics), model_(std::move(model)) {}
+DraftService::DraftService(DraftWorker& worker, DraftMetrics* metrics, v1::ModelIdentity model,
+                           v1::ModelIdentity target)
+    : worker_(worker), metrics_(metrics), model_(std::move(model)), target_(std::move(target)) {}
 
 grpc::Status DraftService::Score(grpc::ServerContext* context, const v1::ScoreRequest* request,
                                  v1::ImportanceMap* response) {
@@ -87,6 +88,7 @@ v1::HealthResponse DraftService::HealthNow() const {
   h.set_role(v1::ROLE_DRAFT);
   h.set_protocol_version(kProtocolVersion);
   *h.mutable_model() = model_;
+  *h.mutable_target_model() = target_;
   h.set_plan(
       ForwardPlan::SelfDraft(worker_.engine().model().config.n_layers, worker_.engine().depth())
           .DebugString());

@@ -18,8 +18,10 @@ absl::StatusOr<DraftRequest> DraftRequestFromWire(const v1::ScoreRequest& reques
 
 class DraftService final : public v1::Draft::Service {
  public:
-  // `worker` must outlive the service; `model`: what Health reports.
-  DraftService(DraftWorker& worker, DraftMetrics* metrics, v1::ModelIdentity model);
+  // `worker` must outlive the service; `model` and `target` (the model whose token ids it
+  // serves: its own for a self-draft): what Health reports.
+  DraftService(DraftWorker& worker, DraftMetrics* metrics, v1::ModelIdentity model,
+               v1::ModelIdentity target);
 
   grpc::Status Score(grpc::ServerContext* context, const v1::ScoreRequest* request,
                      v1::ImportanceMap* response) override;
@@ -33,6 +35,7 @@ class DraftService final : public v1::Draft::Service {
   DraftWorker& worker_;
   DraftMetrics* metrics_;
   const v1::ModelIdentity model_;
+  const v1::ModelIdentity target_;
 };
 
 }  // namespace tripod

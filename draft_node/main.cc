@@ -80,6 +80,15 @@ absl::Status Serve(const sigset_t& signals) {
   ASSIGN_OR_RETURN(ModelIdentityInfo identity, ComputeModelIdentity(o.model_path));
   v1::ModelIdentity model;
   ToWire(identity, &model);
+  // The target: the model itself for a self-draft; a separate draft names it (its vocabulary is
+  // checked by the engine), else Health reports none and schedulers keep it out of routing.
+  v1::ModelIdentity target;
+  if (o.self_draft_layers > 0 || o.target_model_path == o.model_path) {
+    target = model;
+  } else if (!o.target_model_path.empty()) {
+    ASSIGN_OR_RETURN(ModelIdentityInfo t, ComputeModelIdentity(o.target_model_path));
+    ToWire(t, &target);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<DraftEngine> engine, DraftEngine::Create(o));
   spdlog::info("tripod-draft: model {}, {} of {} layers, {} threads, chunk {}", identity.file_name,
                engine->depth(), engine->model().config.n_layers, ComputeThreads(), o.prefill_chunk);
@@ -89,7 +98,7 @@ absl::Status Serve(const sigset_t& signals) {
   DraftWorker worker(*engine, &metrics, max_queue);
   metrics.AddQueueGauges([&] { return worker.queued(); }, [&] { return worker.running(); },
                          [&] { return worker.draining(); });
-  DraftService service(worker, &metrics, model);
+  DraftService service(worker, &metrics, model, target);
 
   grpc::ServerBuilder builder;
   int grpc_port = 0;

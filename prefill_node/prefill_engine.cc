@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
   ASSIGN_OR_RETURN(e->skipped_, SkippedLayers(options.pop, config.n_layers));
   WeightSelection selection = PrefillSelection(config.n_layers, e->skipped_);
   selection.stack_kv_only = options.stack_kv;
+  selection.kv_only_queries = options.score_queries;
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_, selection));
   e->plan_ = ForwardPlan::PopPrefill(config.n_layers, e->skipped_);
   e->ws_ = std::make_unique<ForwardWorkspace>(*e->backend_);
@@ -166,10 +167,20 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
                                         policy.budget));
     return r;
   }
-  if (plan.count(LayerMode::kFull) != c.n_layers) {
+  // Every layer's KV is scored: full layers by their own queries, POP's K/V-only layers by queries
+  // projected from the stream their K/V came from (Forward's capture), which needs their Q
+  // projections loaded (PrefillEngineOptions::score_queries).
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerMode mode = plan.layers[l];
+    const PreparedLayer& p = model_->layers[l];
+    if (mode == LayerMode::kFull || (mode == LayerMode::kKvOnly && p.attn_norm && (p.q || p.qkv))) {
+      continue;
+    }
     return absl::FailedPreconditionError(absl::StrCat(
-        "prefill: ", TrimMethodName(policy.method), " scores every layer's attention, and plan ",
-        plan.DebugString(), " has layers without queries (POP's K/V-only layers)"));
+        "prefill: ", TrimMethodName(policy.method), " scores every layer's attention, and layer ",
+        l, " of plan ", plan.DebugString(),
+        " has no queries here (a skipped layer, or a K/V-only layer whose Q projection this "
+        "worker did not load)"));
   }
   const std::vector<int32_t> lookahead =
       policy.method == TrimMethod::kSpecKv ? policy.lookahead : std::vector<int32_t>{};

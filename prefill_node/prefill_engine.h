@@ -39,6 +39,9 @@ struct PrefillOptions {
   PopConfig pop;
   int chunk = 1024;      // prompt tokens per forward, so that long prompts fit
   bool stack_kv = true;  // the skipped layers' K/V as one GEMM (false: one per layer)
+  // The skipped layers' Q projections too, so that SpecKV and SnapKV can score their KV under
+  // POP (RunTrimmed); costs q_dim x d_model weights per skipped layer.
+  bool score_queries = true;
 };
 
 struct PrefillRun {

@@ -25,6 +25,17 @@ struct UsageCounts {
   int cached_tokens = 0;  // prompt tokens whose KV came from a prefix cache
 };
 
+// What became of the request's compression method (tripod.method).
+struct MethodReport {
+  std::string name;  // empty: none asked
+  int budget = 0;    // tokens, resolved against the prompt
+  bool applied = false;
+  std::string fallback;   // why it was not applied (the request ran without it)
+  int prompt_tokens = 0;  // the prompt the workers saw (SpecPC: the kept tokens)
+  int kv_entries = 0;     // KV entries per layer and head transferred when trimmed
+  int64_t kv_bytes_saved = 0;
+};
+
 // Each stage measured inside one process; -1 where a stage did not run.
 struct StageTimes {
   double queue_s = 0;         // scheduler: accepted -> sent to the workers
@@ -35,6 +46,7 @@ struct StageTimes {
   double decode_s = -1;       // decode worker: first token -> last token
   double total_s = 0;         // scheduler: accepted -> last token
   std::string route;          // "disaggregated", "decode_only", "retried_prefill", "local_fallback"
+  MethodReport method;
 };
 
 // How a request ended: "stop", "length", or (stream cut short by the server) "cancelled".

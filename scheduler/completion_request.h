@@ -35,6 +35,24 @@ struct PopChoice {
   std::string ratio;           // kRatio: "1/3", "0.25" (validated: 0 <= ratio < 1)
 };
 
+// A compression method (ALGORITHMS.md sections 2-4), the request's tripod.method.
+enum class DraftMethod {
+  kNone,
+  kSpecKv,    // the draft's lookahead scores the KV on the prefill worker, trimmed per head
+  kSpecPc,    // the draft's attention compresses the prompt before prefill
+  kDraftMap,  // the draft's kept positions trim the KV, the same in every layer and head
+  kSnapKv,    // baselines on the prefill worker, no draft
+  kStreamingLlm,
+  kPyramidKv,
+};
+
+// The method and its budget (tripod.method, tripod.budget).
+struct MethodChoice {
+  DraftMethod method = DraftMethod::kNone;
+  int budget_tokens = 0;       // > 0: tokens kept
+  double budget_fraction = 0;  // else this fraction of the prompt, in (0, 1)
+};
+
 struct CompletionRequest {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;  // as the client named it (checked against the served names)
@@ -61,8 +79,7 @@ struct CompletionRequest {
   std::string user;
 
   PopChoice pop;
-  std::string method;  // draft method (the draft issue); empty: none
-  int budget = 0;
+  MethodChoice method;
 };
 
 }  // namespace tripod::scheduler

@@ -17,6 +17,7 @@
 #include "common/util/mutex.h"
 #include "scheduler/completion_events.h"
 #include "scheduler/completion_request.h"
+#include "scheduler/draft_methods.h"
 #include "scheduler/scheduler_metrics.h"
 #include "scheduler/worker_registry.h"
 
@@ -30,6 +31,7 @@ struct PreparedRequest {
   std::vector<std::string> stop;
   bool ignore_eos = false;
   PopChoice pop;
+  MethodChoice method;
 };
 
 // Called from gRPC's threads, one call at a time per request, in order: tokens, then exactly
@@ -64,6 +66,9 @@ struct DispatcherOptions {
   std::string pop_on = "1/3";  // what `"pop": "on"` means when --pop is empty
   std::chrono::milliseconds reserve_timeout{10000};
   std::chrono::milliseconds prefill_timeout{600000};
+  // A draft worker's Score; past it the request runs without its method.
+  std::chrono::milliseconds draft_timeout{30000};
+  DraftMethodParams methods;
   int retry_after_s = 1;  // the Retry-After of a 429
 };
 

@@ -96,13 +96,15 @@ struct Answer {
 
 std::string HttpApi::HealthBody(bool* ready) const {
   nlohmann::ordered_json j;
-  int decode_ok = 0, prefill_ok = 0;
+  int decode_ok = 0, prefill_ok = 0, draft_ok = 0;
   nlohmann::ordered_json workers = nlohmann::ordered_json::array();
   for (const auto& w : config_.dispatcher->registry().All()) {
     const v1::HealthResponse h = w->last_health();
     nlohmann::ordered_json wj;
     wj["address"] = w->address();
-    wj["role"] = w->role() == v1::ROLE_PREFILL ? "prefill" : "decode";
+    wj["role"] = w->role() == v1::ROLE_PREFILL ? "prefill"
+                 : w->role() == v1::ROLE_DRAFT ? "draft"
+                                               : "decode";
     wj["healthy"] = w->healthy();
     if (!w->healthy()) wj["error"] = w->last_error();
     wj["running"] = h.running();
@@ -113,7 +115,11 @@ std::string HttpApi::HealthBody(bool* ready) const {
     }
     wj["inflight"] = w->inflight();
     workers.push_back(std::move(wj));
-    if (w->healthy()) (w->role() == v1::ROLE_DECODE ? decode_ok : prefill_ok)++;
+    if (w->healthy()) {
+      (w->role() == v1::ROLE_DECODE  ? decode_ok
+       : w->role() == v1::ROLE_DRAFT ? draft_ok
+                                     : prefill_ok)++;
+    }
   }
   const bool draining = config_.dispatcher->draining();
   *ready = decode_ok > 0 && !draining;
@@ -123,6 +129,7 @@ std::string HttpApi::HealthBody(bool* ready) const {
   j["waiting"] = config_.dispatcher->waiting();
   j["healthy_prefill_workers"] = prefill_ok;
   j["healthy_decode_workers"] = decode_ok;
+  j["healthy_draft_workers"] = draft_ok;
   j["workers"] = std::move(workers);
   return DumpJson(j);
 }

@@ -1,8 +1,8 @@
 // tripod-scheduler: the front door. The OpenAI-compatible HTTP API (and /health, /metrics) on
 // --http_listen, tripod.v1.Completion on the gRPC port --listen, the worker registry (static
-// --prefill/--decode addresses and --prefill_dns/--decode_dns names) and the dispatcher that
-// routes each request through the workers. It reads only the model's metadata (tokenizer, chat
-// template, context length, identity digest), never its weights.
+// --prefill/--decode/--draft addresses and --prefill_dns/--decode_dns/--draft_dns names) and the
+// dispatcher that routes each request through the workers. It reads only the model's metadata
+// (tokenizer, chat template, context length, identity digest), never its weights.
 // SIGTERM / SIGINT drain it: new requests get 503, those accepted get --grace_ms to finish, the
 // rest are cancelled on their workers, then it stops (exit 0). A second signal cuts it short.
 #include <pthread.h>
@@ -56,6 +56,14 @@ ABSL_FLAG(std::string, prefill_dns, "",
           "name:port,... resolved every health interval; every address is a prefill worker (a "
           "Kubernetes headless Service)");
 ABSL_FLAG(std::string, decode_dns, "", "the same for decode workers");
+ABSL_FLAG(std::string, draft, "",
+          "draft workers' gRPC addresses, host:port,... (for tripod.method speckv, specpc, "
+          "draftmap)");
+ABSL_FLAG(std::string, draft_dns, "", "the same as --prefill_dns for draft workers");
+ABSL_FLAG(int64_t, draft_timeout_ms, 30000,
+          "a draft worker's Score deadline; past it the request runs without its method");
+ABSL_FLAG(int, speckv_lookahead, 64,
+          "SpecKV's draft lookahead tokens at most (also at most the request's max_tokens)");
 ABSL_FLAG(
     std::string, pop, "",
     "POP ratio for requests that name none (\"1/3\", \"0\"); empty: the prefill workers' own");
@@ -85,7 +93,8 @@ std::vector<std::string> SplitList(const std::string& s) {
 }
 
 absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
-  for (const auto* list : {&ro.prefill, &ro.decode, &ro.prefill_dns, &ro.decode_dns}) {
+  for (const auto* list :
+       {&ro.prefill, &ro.decode, &ro.draft, &ro.prefill_dns, &ro.decode_dns, &ro.draft_dns}) {
     for (const std::string& a : *list) {
       absl::StatusOr<HostPort> hp = ParseHostPort("worker address", a);
       if (!hp.ok()) return hp.status();
@@ -110,6 +119,12 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   if (absl::GetFlag(FLAGS_io_threads) < 1) {
     return absl::InvalidArgumentError("--io_threads must be >= 1");
   }
+  if (absl::GetFlag(FLAGS_draft_timeout_ms) <= 0) {
+    return absl::InvalidArgumentError("--draft_timeout_ms must be > 0");
+  }
+  if (absl::GetFlag(FLAGS_speckv_lookahead) < 0) {
+    return absl::InvalidArgumentError("--speckv_lookahead must be >= 0");
+  }
   if (absl::GetFlag(FLAGS_grace_ms) < 0)
     return absl::InvalidArgumentError("--grace_ms must be >= 0");
   if (const std::string pop = absl::GetFlag(FLAGS_pop); !pop.empty()) {
@@ -133,6 +148,8 @@ int Run(const sigset_t& signals) {
   ro.decode = SplitList(absl::GetFlag(FLAGS_decode));
   ro.prefill_dns = SplitList(absl::GetFlag(FLAGS_prefill_dns));
   ro.decode_dns = SplitList(absl::GetFlag(FLAGS_decode_dns));
+  ro.draft = SplitList(absl::GetFlag(FLAGS_draft));
+  ro.draft_dns = SplitList(absl::GetFlag(FLAGS_draft_dns));
   ro.interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_interval_ms));
   ro.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_timeout_ms));
   ro.unhealthy_after = absl::GetFlag(FLAGS_unhealthy_after);
@@ -158,6 +175,8 @@ int Run(const sigset_t& signals) {
   dopt.max_queue = absl::GetFlag(FLAGS_max_queue);
   dopt.direct_prefill_tokens = absl::GetFlag(FLAGS_direct_prefill_tokens);
   dopt.default_pop = absl::GetFlag(FLAGS_pop);
+  dopt.draft_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_draft_timeout_ms));
+  dopt.methods.speckv_lookahead = absl::GetFlag(FLAGS_speckv_lookahead);
   Dispatcher dispatcher(workers, &scheduler_metrics, dopt);
   scheduler_metrics.AddGauges(
       [&] { return dispatcher.running(); }, [&] { return dispatcher.waiting(); },

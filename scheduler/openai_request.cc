@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "scheduler/draft_methods.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -35,7 +36,9 @@ struct RawRequest {
   std::string max_tokens_param = "max_tokens";
   std::optional<double> temperature, top_p, min_p, repetition_penalty, presence_penalty,
       frequency_penalty;
-  std::optional<int64_t> top_k, n, best_of, budget;
+  std::optional<int64_t> top_k, n, best_of;
+  std::optional<double> budget;  // tokens (>= 1, whole) or a fraction of the prompt (0, 1)
+  std::string budget_text;       // as the client wrote it, for the error message
   std::vector<std::string> stop;
   std::optional<uint64_t> seed;
   bool logprobs = false;
@@ -194,14 +197,44 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   if (auto* e = std::get_if<ApiError>(&pop)) return *std::move(e);
   req.pop = std::get<PopChoice>(std::move(pop));
   const std::string method(absl::StripAsciiWhitespace(raw.method));
-  if (!method.empty() && method != "none") {
-    return InvalidRequest(
-        absl::StrCat("'tripod.method' \"", method,
-                     "\": draft methods are not available yet (use \"\" or \"none\")"),
-        "tripod.method");
+  const std::optional<DraftMethod> m = ParseDraftMethod(method);
+  if (!m.has_value()) {
+    return InvalidRequest(absl::StrCat("'tripod.method' must be one of \"speckv\", \"specpc\", "
+                                       "\"draftmap\", \"snapkv\", \"streamingllm\", "
+                                       "\"none\", got \"",
+                                       method, "\""),
+                          "tripod.method");
   }
-  API_RETURN_IF_ERROR(CheckIntRange("tripod.budget", raw.budget, 0, kInt32Max));
-  req.budget = raw.budget.has_value() ? static_cast<int>(*raw.budget) : 0;
+  if (*m == DraftMethod::kPyramidKv) {
+    return InvalidRequest("'tripod.method' \"pyramidkv\" is not available yet", "tripod.method");
+  }
+  req.method.method = *m;
+  const double budget = raw.budget.value_or(0);
+  if (budget != 0) {
+    const bool tokens =
+        budget >= 1 && budget <= static_cast<double>(kInt32Max) && budget == std::floor(budget);
+    const bool fraction = budget > 0 && budget < 1;
+    if (!tokens && !fraction) {
+      return InvalidRequest(
+          absl::StrCat("'tripod.budget' must be a whole number of tokens in [1, 2^31) or a "
+                       "fraction of the prompt in (0, 1) (0.25 or \"1/4\"), got ",
+                       raw.budget_text),
+          "tripod.budget");
+    }
+    if (*m == DraftMethod::kNone) {
+      return InvalidRequest("'tripod.budget' needs a 'tripod.method'", "tripod.budget");
+    }
+    if (tokens) {
+      req.method.budget_tokens = static_cast<int>(budget);
+    } else {
+      req.method.budget_fraction = budget;
+    }
+  } else if (*m != DraftMethod::kNone) {
+    return InvalidRequest(absl::StrCat("'tripod.method' \"", method,
+                                       "\" needs a 'tripod.budget': tokens kept, or a fraction "
+                                       "of the prompt"),
+                          "tripod.budget");
+  }
   return req;
 }
 
@@ -299,7 +332,30 @@ std::optional<ApiError> ParseTripodObject(const json& body, RawRequest* raw) {
   std::optional<std::string> method;
   API_RETURN_IF_ERROR(GetString(t, "method", &method, "tripod.method"));
   raw->method = method.value_or("");
-  API_RETURN_IF_ERROR(GetInt(t, "budget", &raw->budget, "tripod.budget"));
+  auto budget = t.find("budget");
+  if (budget != t.end() && !budget->is_null()) {
+    double b = 0;
+    if (budget->is_number() && !budget->is_boolean()) {
+      b = budget->get<double>();
+      raw->budget_text = budget->dump();
+    } else if (budget->is_string()) {
+      // "1/4" as the pop ratios are written; "0.25" and "256" too.
+      raw->budget_text = absl::StrCat("\"", budget->get<std::string>(), "\"");
+      const std::vector<absl::string_view> parts = absl::StrSplit(budget->get<std::string>(), '/');
+      double num = 0, den = 1;
+      const bool parsed = parts.size() <= 2 && absl::SimpleAtod(parts[0], &num) &&
+                          (parts.size() == 1 || absl::SimpleAtod(parts[1], &den));
+      b = parsed && den != 0 ? num / den : std::nan("");
+      if (parsed && den != 0 && parts.size() == 2 && !(b > 0 && b < 1)) b = std::nan("");
+    } else {
+      return InvalidRequest(
+          absl::StrCat("'tripod.budget' must be a number or a string like \"1/4\", got ",
+                       budget->type_name()),
+          "tripod.budget");
+    }
+    if (!std::isfinite(b)) b = -1;  // refused with the text in BuildRequest
+    raw->budget = b;
+  }
   return std::nullopt;
 }
 
@@ -468,7 +524,15 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
   raw.user = p.user();
   raw.pop = p.tripod().pop();
   raw.method = p.tripod().method();
-  if (p.tripod().budget() != 0) raw.budget = p.tripod().budget();
+  if (p.tripod().budget() != 0) {
+    raw.budget = p.tripod().budget();
+    raw.budget_text = absl::StrCat(p.tripod().budget());
+  } else if (p.tripod().budget_fraction() != 0) {
+    const double f = p.tripod().budget_fraction();
+    // A fraction must stay one: 1.0 or 2.0 would read as a token count.
+    raw.budget = std::isfinite(f) && f > 0 && f < 1 ? f : -1;
+    raw.budget_text = absl::StrCat(f, " (budget_fraction)");
+  }
   return BuildRequest(std::move(raw));
 }
 

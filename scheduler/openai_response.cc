@@ -134,6 +134,16 @@ void FillProtoTiming(const StageTimes& t, tripod::v1::StageTiming* out) {
   out->set_decode_s(zero_if_absent(t.decode_s));
   out->set_total_s(zero_if_absent(t.total_s));
   out->set_route(t.route);
+  if (!t.method.name.empty()) {
+    v1::MethodOutcome* m = out->mutable_method();
+    m->set_name(t.method.name);
+    m->set_budget(t.method.budget);
+    m->set_applied(t.method.applied);
+    m->set_fallback(t.method.fallback);
+    m->set_prompt_tokens(t.method.prompt_tokens);
+    m->set_kv_entries(t.method.kv_entries);
+    m->set_kv_bytes_saved(t.method.kv_bytes_saved);
+  }
 }
 
 }  // namespace
@@ -192,6 +202,18 @@ ojson TimingJson(const StageTimes& t) {
   j["decode_s"] = NullIfNegative(t.decode_s);
   j["total_s"] = NullIfNegative(t.total_s);
   j["route"] = t.route.empty() ? ojson() : ojson(t.route);
+  if (t.method.name.empty()) {
+    j["method"] = ojson();
+  } else {
+    const MethodReport& m = t.method;
+    j["method"] = {{"name", m.name},
+                   {"budget", m.budget},
+                   {"applied", m.applied},
+                   {"fallback", m.fallback.empty() ? ojson() : ojson(m.fallback)},
+                   {"prompt_tokens", m.prompt_tokens},
+                   {"kv_entries", m.kv_entries > 0 ? ojson(m.kv_entries) : ojson()},
+                   {"kv_bytes_saved", m.kv_bytes_saved}};
+  }
   return j;
 }
 

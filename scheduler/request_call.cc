@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/rpc/deferred_release.h"
 #include "common/rpc/protocol.h"
+#include "scheduler/draft_methods.h"
 #include "scheduler/router.h"
 #include "spdlog/spdlog.h"
 
@@ -67,7 +68,7 @@ Call::~Call() {
   // their channels, which must not be destroyed there (deferred_release.h).
   struct Leftovers {
     std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-    std::shared_ptr<Worker> decode, prefill;
+    std::shared_ptr<Worker> decode, prefill, draft;
   };
   auto rest = std::make_shared<Leftovers>();
   {
@@ -76,6 +77,7 @@ Call::~Call() {
   }
   rest->decode = std::move(decode_);
   rest->prefill = std::move(prefill_);
+  rest->draft = std::move(draft_);
   ReleaseLater(std::move(rest));
 }
 
@@ -89,7 +91,98 @@ void Call::Begin() {
   times_.queue_s = Seconds(started_ - accepted_);
   if (SchedulerMetrics* m = dispatcher_->metrics()) m->RequestStarted(times_.queue_s);
   if (cancelled()) return Finish("cancelled", nullptr);
-  const int n = static_cast<int>(request_.prompt.size());
+  if (dispatcher_->registry().Healthy(v1::ROLE_DECODE).empty()) {
+    ApiError e{503, "no decode worker is available", "server_error", "", "no_workers"};
+    return Finish("error", &e);
+  }
+  prompt_ = request_.prompt;
+  const DraftMethod method = request_.method.method;
+  if (method == DraftMethod::kNone) return Route();
+  const int n = static_cast<int>(prompt_.size());
+  MethodReport& report = times_.method;
+  report.name = DraftMethodName(method);
+  report.budget = ResolveBudget(request_.method, n);
+  if (BudgetKeepsAll(method, report.budget, n)) {
+    // Nothing to drop: the request runs exactly as without the method.
+    report.applied = true;
+    return Route();
+  }
+  if (NeedsDraft(method)) return StartDraft();
+  AppliedMethod a =
+      ApplyMethod(method, report.budget, prompt_, nullptr, dispatcher_->options().methods);
+  if (!a.error.empty()) {
+    MethodFallback(a.error);
+  } else {
+    trimming_ = std::move(a.trimming);
+    kv_entries_ = a.kv_entries;
+  }
+  Route();
+}
+
+void Call::StartDraft() {
+  draft_ = PickDraft(dispatcher_->registry().Healthy(v1::ROLE_DRAFT), request_id_);
+  if (draft_ == nullptr) {
+    MethodFallback("no draft worker is available");
+    return Route();
+  }
+  score_request_ =
+      ScoreRequestFor(request_.method.method, request_id_, prompt_, times_.method.budget,
+                      request_.max_tokens, dispatcher_->options().methods);
+  grpc::ClientContext* context = nullptr;
+  {
+    MutexLock l(&mu_);
+    if (!cancelled_) {
+      contexts_.push_back(NewClientContext(dispatcher_->options().draft_timeout));
+      context = contexts_.back().get();
+      phase_ = Phase::kDrafting;
+    }
+  }
+  if (context == nullptr) return Finish("cancelled", nullptr);
+  draft_->AddInflight(1);
+  draft_started_ = absl::Now();
+  draft_->draft().async()->Score(
+      context, &score_request_, &importance_map_,
+      [self = shared_from_this()](grpc::Status s) { self->OnDrafted(s); });
+}
+
+void Call::OnDrafted(const grpc::Status& status) {
+  draft_->AddInflight(-1);
+  times_.draft_s = Seconds(absl::Now() - draft_started_);
+  if (cancelled()) return Finish("cancelled", nullptr);
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      draft_->MarkFailed(status.error_message());
+    }
+    MethodFallback(absl::StrCat("draft worker ", draft_->address(), ": ",
+                                status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                                    ? "timed out"
+                                    : status.error_message()));
+    return Route();
+  }
+  const DraftMethod method = request_.method.method;
+  AppliedMethod a = ApplyMethod(method, times_.method.budget, prompt_, &importance_map_,
+                                dispatcher_->options().methods);
+  if (!a.error.empty()) {
+    MethodFallback(absl::StrCat("draft worker ", draft_->address(), ": ", a.error));
+    return Route();
+  }
+  if (method == DraftMethod::kSpecPc) times_.method.applied = true;
+  prompt_ = std::move(a.prompt);
+  trimming_ = std::move(a.trimming);
+  kv_entries_ = a.kv_entries;
+  Route();
+}
+
+void Call::MethodFallback(const std::string& why) {
+  spdlog::warn("scheduler: request {}: {} not applied: {}", request_id_, times_.method.name, why);
+  times_.method.applied = false;
+  times_.method.fallback = why;
+  trimming_.Clear();
+  kv_entries_ = 0;
+}
+
+void Call::Route() {
+  const int n = static_cast<int>(prompt_.size());
   decode_ = PickDecode(dispatcher_->registry().Healthy(v1::ROLE_DECODE), n, request_id_);
   if (decode_ == nullptr) {
     ApiError e{503, "no decode worker is available", "server_error", "", "no_workers"};
@@ -133,8 +226,9 @@ void Call::ReserveAndPrefill(const Worker* exclude) {
     return StartGenerate(0, "local_fallback");
   }
   reserve_request_.Clear();
-  reserve_request_.set_prompt_tokens(static_cast<int32_t>(request_.prompt.size()));
+  reserve_request_.set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
   reserve_request_.set_plan_key(prefill_->last_health().plan_key());
+  reserve_request_.set_kv_slots(kv_entries_);
   grpc::ClientContext* context = nullptr;
   {
     MutexLock l(&mu_);
@@ -170,7 +264,8 @@ void Call::OnReserved(const grpc::Status& status) {
 void Call::RunPrefill() {
   prefill_request_.Clear();
   prefill_request_.set_request_id(request_id_);
-  prefill_request_.mutable_prompt()->Assign(request_.prompt.begin(), request_.prompt.end());
+  prefill_request_.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
+  if (trimming_.method() != v1::TRIM_NONE) *prefill_request_.mutable_trimming() = trimming_;
   const DispatcherOptions& o = dispatcher_->options();
   if (!plan_ratio_.empty()) prefill_request_.mutable_plan()->set_pop_ratio(plan_ratio_);
   prefill_request_.set_decode_address(decode_->address());
@@ -214,6 +309,16 @@ void Call::OnPrefilled(const grpc::Status& status) {
   times_.prefill_s = r.queue_s() + r.compute_s();
   times_.transfer_s = r.tail_s();
   if (SchedulerMetrics* m = dispatcher_->metrics()) m->KvBytes(static_cast<double>(r.bytes_sent()));
+  if (trimming_.method() != v1::TRIM_NONE && kv_entries_ > 0) {
+    // Every slot carries the same bytes (one type, every layer and head), so the untrimmed KV
+    // would have been bytes_sent * (n - 1) / entries.
+    const int64_t full =
+        static_cast<int64_t>(static_cast<double>(r.bytes_sent()) *
+                             (static_cast<double>(prompt_.size()) - 1) / kv_entries_);
+    times_.method.applied = true;
+    times_.method.kv_entries = kv_entries_;
+    times_.method.kv_bytes_saved = full - static_cast<int64_t>(r.bytes_sent());
+  }
   StartGenerate(transfer_id_, route_);
 }
 
@@ -236,9 +341,12 @@ void Call::RetryPrefill(const std::string& why) {
 
 void Call::StartGenerate(uint64_t transfer_id, const std::string& route) {
   times_.route = route;
+  if (transfer_id == 0 && trimming_.method() != v1::TRIM_NONE) {
+    MethodFallback(absl::StrCat("the decode worker prefilled the whole prompt (", route, ")"));
+  }
   v1::GenerateRequest& g = generate_request_;
   g.set_request_id(request_id_);
-  g.mutable_prompt()->Assign(request_.prompt.begin(), request_.prompt.end());
+  g.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
   g.set_transfer_id(transfer_id);
   FillSampling(request_.sampling, g.mutable_sampling());
   g.set_max_tokens(request_.max_tokens);
@@ -376,6 +484,9 @@ void Call::Finish(const std::string& finish, const ApiError* error) {
   end.finish_reason = finish;
   end.times = times_;
   end.usage.prompt_tokens = static_cast<int>(request_.prompt.size());
+  if (!end.times.method.name.empty()) {
+    end.times.method.prompt_tokens = static_cast<int>(prompt_.size());
+  }
   end.usage.completion_tokens = end_seen_ ? end_.usage().completion_tokens() : tokens_;
   end.usage.cached_tokens = end_seen_ ? end_.usage().cached_tokens() : 0;
   if (decode_ != nullptr) decode_->AddInflight(-1);

@@ -1,4 +1,7 @@
 // One request's path through the workers (DESIGN.md, "The path of one request"):
+//   draft hop:       Draft.Score first when the request's method needs an importance map
+//                    (draft_methods.h); a draft failure or timeout runs the request without its
+//                    method, and the response's tripod.method says so
 //   decode-only:     Decode.Generate with the prompt (short prompts, or no prefill worker)
 //   disaggregated:   Decode.Reserve -> Prefill.Run (the KV pushed straight to the decode worker)
 //                    -> Decode.Generate over the transferred KV
@@ -20,6 +23,7 @@
 #include "grpcpp/grpcpp.h"
 #include "scheduler/dispatcher.h"
 #include "tripod/v1/decode.grpc.pb.h"
+#include "tripod/v1/draft.grpc.pb.h"
 #include "tripod/v1/prefill.grpc.pb.h"
 
 namespace tripod::scheduler {
@@ -45,8 +49,14 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   void OnDone(const grpc::Status& status) override;
 
  private:
-  enum class Phase { kQueued, kReserving, kPrefilling, kGenerating, kDone };
+  enum class Phase { kQueued, kDrafting, kReserving, kPrefilling, kGenerating, kDone };
 
+  void StartDraft();
+  void OnDrafted(const grpc::Status& status);
+  // The method is not applied (the request runs without it): why, for the response.
+  void MethodFallback(const std::string& why);
+  // After the draft hop (or without one): decode worker, then prefill or decode-only.
+  void Route();
   void ReserveAndPrefill(const Worker* exclude);
   void OnReserved(const grpc::Status& status);
   void RunPrefill();
@@ -81,6 +91,13 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   // Touched by one step of the path at a time (each step starts the next).
   std::shared_ptr<Worker> decode_;
   std::shared_ptr<Worker> prefill_;
+  std::shared_ptr<Worker> draft_;
+  std::vector<int32_t> prompt_;  // what the workers see (SpecPC: the kept tokens)
+  v1::Trimming trimming_;        // the prefill worker's KV trimming (TRIM_NONE: none)
+  int kv_entries_ = 0;           // what the trimmed KV holds per layer and head
+  absl::Time draft_started_;
+  v1::ScoreRequest score_request_;
+  v1::ImportanceMap importance_map_;
   uint64_t transfer_id_ = 0;
   int prefill_attempts_ = 0;
   std::string route_;

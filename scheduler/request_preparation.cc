@@ -64,6 +64,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   p.stop = request.stop;
   p.ignore_eos = request.ignore_eos;
   p.pop = request.pop;
+  p.method = request.method;
   return p;
 }
 

@@ -60,6 +60,11 @@ bool CanRunPlan(const v1::HealthResponse& health, const std::string& pop_ratio) 
   return true;
 }
 
+std::shared_ptr<Worker> PickDraft(const std::vector<std::shared_ptr<Worker>>& workers,
+                                  uint64_t rotation) {
+  return PickPrefill(workers, nullptr, "", rotation);  // the least loaded, any plan
+}
+
 std::shared_ptr<Worker> PickPrefill(const std::vector<std::shared_ptr<Worker>>& workers,
                                     const Worker* exclude, const std::string& pop_ratio,
                                     uint64_t rotation) {

@@ -28,6 +28,10 @@ std::shared_ptr<Worker> PickPrefill(const std::vector<std::shared_ptr<Worker>>& 
                                     const Worker* exclude, const std::string& pop_ratio,
                                     uint64_t rotation);
 
+// The least loaded draft worker; nullptr: none.
+std::shared_ptr<Worker> PickDraft(const std::vector<std::shared_ptr<Worker>>& workers,
+                                  uint64_t rotation);
+
 // Whether a prefill worker that reported `health` runs the POP plan of `pop_ratio` ("1/3",
 // "0.25"; empty: its own plan, always): one that loaded the full weights runs any; a pruned one
 // only the plan whose skipped layers (the last floor(L * ratio), as PopConfig makes them) are

@@ -17,6 +17,9 @@ constexpr char kRequestsHelp[] =
     "Requests ended, by finish reason (stop, length, cancelled, error)";
 constexpr char kRejected[] = "tripod:request_rejected_total";
 constexpr char kRejectedHelp[] = "Requests refused before they ran, by HTTP status";
+constexpr char kMethods[] = "tripod:method_requests_total";
+constexpr char kMethodsHelp[] =
+    "Requests that asked for a compression method, by method and outcome (applied, fallback)";
 constexpr char kRetries[] = "tripod:prefill_retries_total";
 constexpr char kRetriesHelp[] =
     "Prefills retried on another prefill worker or run locally on the decode worker";
@@ -52,7 +55,14 @@ SchedulerMetrics::SchedulerMetrics(metrics::Registry& r)
                                   kRole)),
       kv_bytes_(r.AddCounter("tripod:kv_transfer_bytes_total",
                              "KV payload bytes prefill workers sent for this scheduler's requests",
-                             kRole)) {
+                             kRole)),
+      draft_(r.AddHistogram("tripod:request_draft_time_seconds",
+                            "Time of the draft hop (Draft.Score) as the scheduler measured it",
+                            metrics::LatencyBuckets(), kRole)),
+      kv_bytes_saved_(r.AddCounter("tripod:kv_transfer_bytes_saved_total",
+                                   "KV payload bytes trimming kept from being sent", kRole)),
+      prompt_tokens_dropped_(r.AddCounter("tripod:prompt_tokens_dropped_total",
+                                          "Prompt tokens SpecPC dropped before prefill", kRole)) {
   for (const char* f : {"stop", "length", "cancelled", "error"}) {
     r.AddCounter(kRequests, kRequestsHelp, With("finish_reason", f));
   }
@@ -74,6 +84,17 @@ void SchedulerMetrics::RequestEnded(const std::string& finish, const UsageCounts
   e2e_.Observe(times.total_s);
   if (times.prefill_s >= 0) prefill_.Observe(times.prefill_s);
   if (times.decode_s >= 0) decode_.Observe(times.decode_s);
+  if (times.draft_s >= 0) draft_.Observe(times.draft_s);
+  const MethodReport& m = times.method;
+  if (!m.name.empty()) {
+    metrics::Labels labels = With("method", m.name);
+    labels.emplace_back("outcome", m.applied ? "applied" : "fallback");
+    registry_.AddCounter(kMethods, kMethodsHelp, labels).Inc();
+    kv_bytes_saved_.Inc(static_cast<double>(m.kv_bytes_saved));
+    if (m.applied && usage.prompt_tokens > m.prompt_tokens) {
+      prompt_tokens_dropped_.Inc(usage.prompt_tokens - m.prompt_tokens);
+    }
+  }
 }
 
 void SchedulerMetrics::Rejected(int http_status) {
@@ -94,7 +115,7 @@ void SchedulerMetrics::AddGauges(std::function<double()> running, std::function<
   registry_.AddCallbackGauge("tripod:num_requests_waiting", "Requests in the scheduler's queue",
                              kRole, std::move(waiting));
   for (const auto& [name, role] :
-       std::vector<std::pair<std::string, int>>{{"prefill", 1}, {"decode", 2}}) {
+       std::vector<std::pair<std::string, int>>{{"prefill", 1}, {"decode", 2}, {"draft", 3}}) {
     registry_.AddCallbackGauge("tripod:workers_healthy", "Workers in routing, by worker role",
                                With("worker_role", name),
                                [healthy_workers, role = role] { return healthy_workers(role); });

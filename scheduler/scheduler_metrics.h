@@ -2,8 +2,10 @@
 // role="scheduler": time to first token, inter-token latency, end-to-end latency, queue time,
 // prefill and decode time (histograms, seconds), prompt and generation tokens, requests by
 // finish reason, running and waiting requests, KV bytes moved, prefill retries and fallbacks,
-// workers in routing; and the process's own. Every duration is measured on this process's clock
-// (prefill and decode time as the workers measured them on theirs).
+// workers in routing; the compression methods' draft time, requests by method and outcome, KV
+// bytes saved by trimming and prompt tokens dropped; and the process's own. Every duration is
+// measured on this process's clock (prefill and decode time as the workers measured them on
+// theirs).
 #pragma once
 
 #include <functional>
@@ -46,6 +48,9 @@ class SchedulerMetrics {
   metrics::Counter& generation_tokens_;
   metrics::Counter& cached_tokens_;
   metrics::Counter& kv_bytes_;
+  metrics::Histogram& draft_;
+  metrics::Counter& kv_bytes_saved_;
+  metrics::Counter& prompt_tokens_dropped_;
 };
 
 }  // namespace tripod::scheduler

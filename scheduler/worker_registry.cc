@@ -18,6 +18,7 @@ Worker::Worker(std::string address, v1::Role role)
     : address_(std::move(address)), role_(role), channel_(NewWorkerChannel(address_)) {
   if (role_ == v1::ROLE_PREFILL) prefill_ = v1::Prefill::NewStub(channel_);
   if (role_ == v1::ROLE_DECODE) decode_ = v1::Decode::NewStub(channel_);
+  if (role_ == v1::ROLE_DRAFT) draft_ = v1::Draft::NewStub(channel_);
 }
 
 v1::HealthResponse Worker::last_health() const {
@@ -95,6 +96,9 @@ WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options) : options_(std::mo
   for (const std::string& a : options_.decode) {
     workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_DECODE));
   }
+  for (const std::string& a : options_.draft) {
+    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_DRAFT));
+  }
 }
 
 WorkerRegistry::~WorkerRegistry() { Stop(); }
@@ -144,7 +148,8 @@ void WorkerRegistry::Resolve() {
     v1::Role role;
   };
   for (const Source& src : {Source{&options_.prefill_dns, v1::ROLE_PREFILL},
-                            Source{&options_.decode_dns, v1::ROLE_DECODE}}) {
+                            Source{&options_.decode_dns, v1::ROLE_DECODE},
+                            Source{&options_.draft_dns, v1::ROLE_DRAFT}}) {
     for (const std::string& name : *src.names) {
       std::string error;
       std::vector<std::string> addresses = ResolveAll(name, &error);
@@ -168,11 +173,14 @@ void WorkerRegistry::Resolve() {
     }
   }
   // Addresses no name resolves to any more leave (static ones always stay).
-  if (options_.prefill_dns.empty() && options_.decode_dns.empty()) return;
+  if (options_.prefill_dns.empty() && options_.decode_dns.empty() && options_.draft_dns.empty()) {
+    return;
+  }
   std::set<std::string> wanted(options_.prefill.begin(), options_.prefill.end());
   wanted.insert(options_.decode.begin(), options_.decode.end());
+  wanted.insert(options_.draft.begin(), options_.draft.end());
   bool all_resolved = true;
-  for (const auto* names : {&options_.prefill_dns, &options_.decode_dns}) {
+  for (const auto* names : {&options_.prefill_dns, &options_.decode_dns, &options_.draft_dns}) {
     for (const std::string& name : *names) {
       std::string error;
       std::vector<std::string> addresses = ResolveAll(name, &error);
@@ -219,10 +227,16 @@ void WorkerRegistry::CheckNow() {
       ++done;
       cv.SignalAll();
     };
-    if (c.worker->role() == v1::ROLE_PREFILL) {
-      c.worker->prefill().async()->Health(c.context.get(), &c.request, &c.response, on_done);
-    } else {
-      c.worker->decode().async()->Health(c.context.get(), &c.request, &c.response, on_done);
+    switch (c.worker->role()) {
+      case v1::ROLE_PREFILL:
+        c.worker->prefill().async()->Health(c.context.get(), &c.request, &c.response, on_done);
+        break;
+      case v1::ROLE_DRAFT:
+        c.worker->draft().async()->Health(c.context.get(), &c.request, &c.response, on_done);
+        break;
+      default:
+        c.worker->decode().async()->Health(c.context.get(), &c.request, &c.response, on_done);
+        break;
     }
   }
   {
@@ -236,7 +250,16 @@ void WorkerRegistry::CheckNow() {
     } else if (c.response.role() != c.worker->role()) {
       error = absl::StrCat("is a ", v1::Role_Name(c.response.role()), " worker, listed as ",
                            v1::Role_Name(c.worker->role()));
-    } else if (!options_.model_sha256.empty() &&
+    } else if (c.worker->role() == v1::ROLE_DRAFT && !options_.model_sha256.empty() &&
+               c.response.target_model().sha256() != options_.model_sha256) {
+      // A draft may be another, smaller model: what must match is the model whose token ids it
+      // reads and writes.
+      const v1::ModelIdentity& t = c.response.target_model();
+      error = t.sha256().empty()
+                  ? std::string("names no target model (start it with --target_model)")
+                  : absl::StrCat("drafts for another model (", t.file_name(), ", sha256 ",
+                                 t.sha256().substr(0, 12), "...)");
+    } else if (c.worker->role() != v1::ROLE_DRAFT && !options_.model_sha256.empty() &&
                c.response.model().sha256() != options_.model_sha256) {
       error = absl::StrCat("serves another model (", c.response.model().file_name(), ", sha256 ",
                            c.response.model().sha256().substr(0, 12), "...)");

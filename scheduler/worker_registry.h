@@ -18,6 +18,7 @@
 #include "grpcpp/grpcpp.h"
 #include "tripod/v1/common.pb.h"
 #include "tripod/v1/decode.grpc.pb.h"
+#include "tripod/v1/draft.grpc.pb.h"
 #include "tripod/v1/prefill.grpc.pb.h"
 
 namespace tripod::scheduler {
@@ -32,6 +33,7 @@ class Worker {
   v1::Role role() const { return role_; }
   v1::Prefill::Stub& prefill() { return *prefill_; }  // role == ROLE_PREFILL
   v1::Decode::Stub& decode() { return *decode_; }     // role == ROLE_DECODE
+  v1::Draft::Stub& draft() { return *draft_; }        // role == ROLE_DRAFT
 
   bool healthy() const { return healthy_.load(std::memory_order_acquire); }
   v1::HealthResponse last_health() const;
@@ -54,6 +56,7 @@ class Worker {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Prefill::Stub> prefill_;
   std::unique_ptr<v1::Decode::Stub> decode_;
+  std::unique_ptr<v1::Draft::Stub> draft_;
   std::atomic<bool> healthy_{false};
   std::atomic<int> inflight_{0};
   mutable Mutex mu_;
@@ -65,12 +68,15 @@ class Worker {
 struct WorkerRegistryOptions {
   std::vector<std::string> prefill;      // host:port
   std::vector<std::string> decode;       // host:port
+  std::vector<std::string> draft;        // host:port
   std::vector<std::string> prefill_dns;  // name:port, resolved every check
   std::vector<std::string> decode_dns;
+  std::vector<std::string> draft_dns;
   std::chrono::milliseconds interval{2000};
   std::chrono::milliseconds timeout{1000};  // one Health call
   int unhealthy_after = 2;                  // consecutive failed checks
-  // The model's identity digest every worker must report (ModelIdentity.sha256); empty: any.
+  // The model's identity digest every worker must report (ModelIdentity.sha256; a draft worker's
+  // target_model); empty: any.
   std::string model_sha256;
 };
 

@@ -26,6 +26,7 @@ enum Slot {
   kLogits,
   kBranch,
   kKvStack,
+  kCaptureQ,
   kNumSlots
 };
 
@@ -82,6 +83,28 @@ absl::Status CheckBatch(const LoadedModel& model, const ForwardPlan& plan, const
   return absl::OkStatus();
 }
 
+// Scoring of one sequence's last w queries (q: the first of them, RoPE applied) against layer
+// `layer`'s KV, into its captured rows.
+AttentionScoreArgs WindowScoreArgs(const ModelConfig& c, const ForwardPlan& plan,
+                                   const SeqInBatch& s, int w, const float* q, int q_stride,
+                                   KvLayerRef layer_kv, int layer, CapturedAttention& ca) {
+  AttentionScoreArgs sa;
+  sa.q = q;
+  sa.q_stride = q_stride;
+  sa.n_q = w;
+  sa.q_slot0 = s.n_past + s.n_tokens - w;
+  sa.n_keys = ca.n_keys;
+  sa.n_heads = c.n_heads;
+  sa.n_kv_heads = c.n_kv_heads;
+  sa.head_dim = c.head_dim;
+  sa.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  sa.kv = layer_kv;
+  sa.ramp_weights = plan.capture.ramp_weights;
+  sa.max_out = ca.max.data() + size_t{1} * layer * c.n_kv_heads * ca.n_keys;
+  sa.sum_out = ca.sum.data() + size_t{1} * layer * c.n_kv_heads * ca.n_keys;
+  return sa;
+}
+
 }  // namespace
 
 ForwardWorkspace::~ForwardWorkspace() {
@@ -119,9 +142,14 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
                                                      " layers, model has ", c.n_layers));
     }
     for (int l = 0; l < c.n_layers; ++l) {
-      if (plan.capture.captures(l) && plan.layers[l] != LayerMode::kFull) {
+      if (!plan.capture.captures(l) || plan.layers[l] == LayerMode::kFull) continue;
+      const PreparedLayer& p = model.layers[l];
+      if (plan.layers[l] != LayerMode::kKvOnly || p.attn_norm == nullptr ||
+          (p.q == nullptr && p.qkv == nullptr)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("capture of layer ", l, ": only full layers have queries"));
+            absl::StrCat("capture of layer ", l,
+                         ": only full layers, and K/V-only layers whose Q projection was loaded "
+                         "(WeightSelection::kv_only_queries), have queries"));
       }
     }
     captured->assign(batch.seqs.size(), CapturedAttention{});
@@ -160,6 +188,43 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
 
   backend.Embed(*model.weights.token_embd.tensor, batch.tokens, h, d);
 
+  // A captured K/V-only layer (POP) has no queries in the pass itself: each sequence's window is
+  // projected from the stream its K/V came from (h*, leaving the last full layer), with the
+  // layer's own norm and Q projection, and scores the layer's KV. Our choice for trimming under
+  // POP (docs/draft.md), not the paper's.
+  auto capture_kv_only = [&](int l) {
+    const PreparedLayer& p = model.layers[l];
+    for (size_t i = 0; i < batch.seqs.size(); ++i) {
+      const SeqInBatch& s = batch.seqs[i];
+      const int w = std::min(plan.capture.window, s.n_tokens);
+      if (w == 0) continue;
+      const int r0 = s.token_begin + s.n_tokens - w;
+      const int stride = p.q != nullptr ? qd : qkv_w;
+      float* qs = ws.Get(kCaptureQ, size_t{1} * w * stride);
+      backend.RmsNorm(h + int64_t{r0} * d, d, *p.attn_norm, w, d, c.rms_eps, xn, d);
+      if (p.q != nullptr) {
+        backend.Linear(*p.q, xn, w, d, qs, qd, false);
+        if (p.bq) backend.AddBias(qs, qd, *p.bq, w, qd);
+      } else {
+        backend.Linear(*p.qkv, xn, w, d, qs, qkv_w, false);  // full weights: Q is the first part
+        if (p.bqkv && p.bqkv->size() == qkv_w) backend.AddBias(qs, qkv_w, *p.bqkv, w, qkv_w);
+      }
+      if (p.q_norm) {
+        for (int hh = 0; hh < c.n_heads; ++hh) {
+          float* rows = qs + int64_t{hh} * hd;
+          backend.RmsNorm(rows, stride, *p.q_norm, w, hd, c.rms_eps, rows, stride);
+        }
+      }
+      RopeAngles at = angles;
+      at.cos = rc + int64_t{r0} * half;
+      at.sin = rs + int64_t{r0} * half;
+      backend.Rope(qs, stride, w, c.n_heads, hd, at);
+      const AttentionScoreArgs sa =
+          WindowScoreArgs(c, plan, s, w, qs, stride, kv.Layer(s.kv_seq, l), l, (*captured)[i]);
+      backend.AttentionScores(std::span<const AttentionScoreArgs>(&sa, 1));
+    }
+  };
+
   std::vector<AttentionArgs> attn_args(batch.seqs.size());
   bool kv_stack_done = false;
   for (int l = 0; l < c.n_layers; ++l) {
@@ -185,6 +250,13 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
             while (b < st.end && plan.layers[b] == LayerMode::kKvOnly) ++b;
             if (absl::Status s = on_kv(a, b); !s.ok()) return s;
             a = b;
+          }
+        }
+        if (capturing) {
+          for (int a = model.kv_stack.begin; a < model.kv_stack.end; ++a) {
+            if (plan.layers[a] == LayerMode::kKvOnly && plan.capture.captures(a)) {
+              capture_kv_only(a);
+            }
           }
         }
       }
@@ -226,7 +298,10 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
     if (on_kv) {
       if (absl::Status s = on_kv(l, l + 1); !s.ok()) return s;
     }
-    if (mode == LayerMode::kKvOnly) continue;
+    if (mode == LayerMode::kKvOnly) {
+      if (capturing && plan.capture.captures(l)) capture_kv_only(l);
+      continue;
+    }
 
     if (p.q_norm) {
       for (int h = 0; h < c.n_heads; ++h) {
@@ -256,22 +331,9 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
       for (size_t i = 0; i < batch.seqs.size(); ++i) {
         const SeqInBatch& s = batch.seqs[i];
         const int w = std::min(plan.capture.window, s.n_tokens);
-        CapturedAttention& ca = (*captured)[i];
-        AttentionScoreArgs sa;
-        sa.q = q + int64_t{s.token_begin + s.n_tokens - w} * qkv_w;
-        sa.q_stride = qkv_w;
-        sa.n_q = w;
-        sa.q_slot0 = s.n_past + s.n_tokens - w;
-        sa.n_keys = ca.n_keys;
-        sa.n_heads = c.n_heads;
-        sa.n_kv_heads = c.n_kv_heads;
-        sa.head_dim = hd;
-        sa.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-        sa.kv = kv.Layer(s.kv_seq, l);
-        sa.ramp_weights = plan.capture.ramp_weights;
-        sa.max_out = ca.max.data() + size_t{1} * l * c.n_kv_heads * ca.n_keys;
-        sa.sum_out = ca.sum.data() + size_t{1} * l * c.n_kv_heads * ca.n_keys;
-        score_args.push_back(sa);
+        score_args.push_back(WindowScoreArgs(c, plan, s, w,
+                                             q + int64_t{s.token_begin + s.n_tokens - w} * qkv_w,
+                                             qkv_w, kv.Layer(s.kv_seq, l), l, (*captured)[i]));
       }
       backend.AttentionScores(score_args);
     }

@@ -69,6 +69,7 @@ size_t LoadedModel::resident_weight_bytes() const {
   };
   for (const PreparedLayer& l : layers) {
     add_v(l.attn_norm), add_v(l.ffn_norm), add_v(l.bqkv), add_v(l.q_norm), add_v(l.k_norm);
+    add_v(l.bq), add_m(l.q);
     add_m(l.qkv), add_m(l.kv), add_m(l.wo), add_m(l.gate_up), add_m(l.down);
   }
   add_v(output_norm);
@@ -132,8 +133,22 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
     if (w.k_norm) {
       ASSIGN_OR_RETURN(p.k_norm, backend.PrepareVector(*w.k_norm.tensor));
     }
+    if (need == LayerNeed::kKvOnly && selection.kv_only_queries) {
+      // The layer's queries for scoring (Forward's capture): norm, Q projection, bias, q_norm.
+      ASSIGN_OR_RETURN(p.attn_norm, backend.PrepareVector(*w.attn_norm.tensor));
+      const GgufTensorInfo* q[] = {w.wq.tensor};
+      ASSIGN_OR_RETURN(p.q, prepare(q));
+      if (w.bq) {
+        ASSIGN_OR_RETURN(p.bq, backend.PrepareVector(*w.bq.tensor));
+      }
+      if (w.q_norm) {
+        ASSIGN_OR_RETURN(p.q_norm, backend.PrepareVector(*w.q_norm.tensor));
+      }
+    }
     if (need == LayerNeed::kKvOnly && m->kv_stack.covers(l)) continue;  // the stack has the rest
-    ASSIGN_OR_RETURN(p.attn_norm, backend.PrepareVector(*w.attn_norm.tensor));
+    if (p.attn_norm == nullptr) {
+      ASSIGN_OR_RETURN(p.attn_norm, backend.PrepareVector(*w.attn_norm.tensor));
+    }
     if (need == LayerNeed::kKvOnly) {
       const GgufTensorInfo* kv[] = {w.wk.tensor, w.wv.tensor};
       ASSIGN_OR_RETURN(p.kv, prepare(kv));

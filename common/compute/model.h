@@ -19,6 +19,9 @@ struct PreparedLayer {
   std::unique_ptr<PreparedVector> attn_norm, ffn_norm;
   std::unique_ptr<PreparedMatrix> qkv;   // [q_dim + 2 kv_dim, d]  (kFull)
   std::unique_ptr<PreparedMatrix> kv;    // [2 kv_dim, d]          (kKvOnly)
+  // kKvOnly with WeightSelection::kv_only_queries: [q_dim, d] and its Qwen2 bias [q_dim]
+  std::unique_ptr<PreparedMatrix> q;
+  std::unique_ptr<PreparedVector> bq;
   std::unique_ptr<PreparedVector> bqkv;  // Qwen2: [q_dim + 2 kv_dim] (kFull) or [2 kv_dim]
   std::unique_ptr<PreparedVector> q_norm, k_norm;
   std::unique_ptr<PreparedMatrix> wo;       // [d, q_dim]

@@ -63,15 +63,16 @@ absl::StatusOr<ModelWeights> BindWeights(const GgufFile& gguf, const ModelConfig
     if (c.traits.qk_norm) {
       ASSIGN_OR_RETURN(lw.k_norm, Bind(gguf, p + "attn_k_norm.weight", 0, c.head_dim));
     }
-    if (need == LayerNeed::kKvOnly) continue;
+    if (need == LayerNeed::kKvOnly && !selection.kv_only_queries) continue;
     ASSIGN_OR_RETURN(lw.wq, Bind(gguf, p + "attn_q.weight", c.q_dim(), d));
-    ASSIGN_OR_RETURN(lw.wo, Bind(gguf, p + "attn_output.weight", d, c.q_dim()));
     if (c.traits.qkv_bias) {
       ASSIGN_OR_RETURN(lw.bq, Bind(gguf, p + "attn_q.bias", 0, c.q_dim()));
     }
     if (c.traits.qk_norm) {
       ASSIGN_OR_RETURN(lw.q_norm, Bind(gguf, p + "attn_q_norm.weight", 0, c.head_dim));
     }
+    if (need == LayerNeed::kKvOnly) continue;
+    ASSIGN_OR_RETURN(lw.wo, Bind(gguf, p + "attn_output.weight", d, c.q_dim()));
     ASSIGN_OR_RETURN(lw.ffn_norm, Bind(gguf, p + "ffn_norm.weight", 0, d));
     ASSIGN_OR_RETURN(lw.w_gate, Bind(gguf, p + "ffn_gate.weight", c.d_ff, d));
     ASSIGN_OR_RETURN(lw.w_up, Bind(gguf, p + "ffn_up.weight", c.d_ff, d));

@@ -49,6 +49,9 @@ struct WeightSelection {
   // POP: the last contiguous run of kKvOnly layers is prepared as one stacked K/V matrix (one
   // GEMM for all of them) rather than one matrix per layer, where the backend supports it.
   bool stack_kv_only = true;
+  // K/V-only layers also get their Q projection (and its bias and norm): their queries, projected
+  // from the stream the K/V come from, score the KV when a prefill worker trims it under POP.
+  bool kv_only_queries = false;
 };
 
 // Finds and shape-checks the tensors `selection` needs; a missing or misshapen tensor is an

@@ -243,7 +243,7 @@ class Cluster:
     self.workers.append(w)
     return w
 
-  def scheduler(self, prefill=(), decode=(), wait_ready=True, **args):
+  def scheduler(self, prefill=(), decode=(), draft=(), wait_ready=True, **args):
     """A tripod-scheduler routing to these workers (Worker objects or host:port strings); by
     default waits until its /health is 200 (a decode worker in routing)."""
     name = args.pop("name", None)
@@ -252,6 +252,8 @@ class Cluster:
       args["prefill"] = addr(prefill)
     if decode:
       args["decode"] = addr(decode)
+    if draft:
+      args["draft"] = addr(draft)
     args.setdefault("health_interval_ms", 500)
     w = Worker("scheduler", args, name=name)
     self.workers.append(w)

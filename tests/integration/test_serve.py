@@ -1,6 +1,7 @@
 """`tripod serve`, the README's first command: it starts the scheduler and the workers as child
-processes, prints the URL once the API answers, serves the official openai client, restarts a
-worker that dies (on the same ports), and stops everything on SIGTERM (exit 0, no child left)."""
+processes, prints the URL once the API answers, serves the official openai client (a SpecKV request
+through the draft worker too), restarts a worker that dies (on the same ports), and stops everything
+on SIGTERM (exit 0, no child left)."""
 
 import os
 import re
@@ -66,9 +67,19 @@ def test_serve_starts_serves_restarts_and_stops():
                                        messages=[{"role": "user", "content": "Hello!"}])
     assert r.choices[0].message.content and r.usage.completion_tokens >= 1
 
+    # The draft worker serves the compression methods: SpecKV scores the pruned (POP 1/3)
+    # prefill worker's KV, the skipped layers too, and only the budget is sent.
+    story = " ".join(f"Item {i} is a {w}." for i, w in
+                     enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
+    r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=4, temperature=0,
+                                  extra_body={"tripod": {"method": "speckv", "budget": 0.5}})
+    method = r.model_extra["tripod"]["method"]
+    assert method["applied"] is True and method["kv_bytes_saved"] > 0, r.model_extra
+    assert r.model_extra["tripod"]["route"] == "disaggregated"
+
     kids = children(proc.pid)
     names = sorted(comm(k) for k in kids)
-    assert names == ["tripod-decode", "tripod-prefill", "tripod-schedule"], names
+    assert names == ["tripod-decode", "tripod-draft", "tripod-prefill", "tripod-schedule"], names
     decode = next(k for k in kids if comm(k) == "tripod-decode")
     os.kill(decode, signal.SIGKILL)
     # A new decode worker comes up on the same port; the scheduler routes to it again.

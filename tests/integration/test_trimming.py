@@ -5,8 +5,10 @@ and the decode worker generates from them, for every method:
   * the networked path's greedy tokens equal the single-process path's (`tripod prefill --trim
     ... --generate N`: the same engine trims, a DecodeEngine imports the snapshot in process);
   * the payload sent falls to the budget: budget / (n - 1) of the untrimmed transfer's bytes;
-  * a policy that cannot hold is refused before any work (INVALID_ARGUMENT), SpecKV on a POP plan
-    is FAILED_PRECONDITION, and the decode worker ends with every KV block free.
+  * under POP (a pruned prefill worker) SpecKV and SnapKV score the skipped layers with queries
+    from their own stream, as the in-process engine does;
+  * a policy that cannot hold is refused before any work (INVALID_ARGUMENT), and the decode worker
+    ends with every KV block free.
 """
 
 import json
@@ -63,9 +65,10 @@ def networked(prefill, decode, prompt, trim, request_id):
   return tokens, run
 
 
-def in_process(prompt, name):
+def in_process(prompt, name, pop_ratio="0"):
   args = [C.binary("tripod"), "prefill", f"--model={C.MODEL}",
-          "--ids=" + ",".join(map(str, prompt)), "--pop_ratio=0", "--compare_full=false",
+          "--ids=" + ",".join(map(str, prompt)), f"--pop_ratio={pop_ratio}",
+          "--compare_full=false",
           f"--generate={MAX_TOKENS}", f"--trim={name}", f"--trim_budget={BUDGET}",
           f"--trim_window={WINDOW}", "--trim_lookahead=" + ",".join(map(str, LOOKAHEAD)),
           "--trim_keep=" + ",".join(map(str, KEEP)), "--chunk=32"]
@@ -111,20 +114,19 @@ def test_bad_policies_are_refused(workers, prompt, trim, code, words):
   assert words in e.value.details()
 
 
-def test_speckv_on_a_pop_plan_is_refused(workers, prompt):
-  prefill, decode = workers
-  h = prefill.health()
-  res = decode.stub.Reserve(C.dpb.ReserveRequest(prompt_tokens=len(prompt), plan_key=h.plan_key,
-                                                 kv_slots=BUDGET),
-                            metadata=C.METADATA, timeout=30)
-  with pytest.raises(grpc.RpcError) as e:
-    prefill.stub.Run(C.ppb.PrefillRequest(
-        request_id=10, prompt=prompt, decode_address=decode.address,
-        transfer_id=res.transfer_id, trimming=trimming(C.ppb.TRIM_SPECKV),
-        plan=C.ppb.PrefillPlan(pop_ratio="1/3")),
-        metadata=C.METADATA, timeout=60)
-  assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION, e.value.details()
-  # The scheduler cancels the reservation of a refused prefill.
-  decode.stub.Cancel(C.pb.CancelRequest(transfer_id=res.transfer_id), metadata=C.METADATA,
-                     timeout=30)
-  C.wait_until(lambda: C.all_blocks_free(decode), 60, "all KV blocks free")
+@pytest.mark.parametrize("method,name", [
+    (C.ppb.TRIM_SPECKV, "speckv"),
+    (C.ppb.TRIM_SNAPKV, "snapkv"),
+])
+def test_scored_trimming_under_pop_generates_the_in_process_tokens(workers, prompt, method,
+                                                                   name):
+  """A pruned prefill worker (POP 1/3: the skipped layers' K/V stacked, their Q projections
+  loaded for scoring) trims with its own plan; the tokens equal the in-process POP engine's."""
+  _, decode = workers
+  with C.Cluster() as cl:
+    pruned = cl.prefill(threads=1, pop_ratio="1/3", chunk=32)
+    tokens, run = networked(pruned, decode, prompt, trimming(method), request_id=20)
+  want = in_process(prompt, name, pop_ratio="1/3")
+  assert want["kv_slots"] == BUDGET
+  assert tokens == want["generated_ids"], name
+  C.wait_until(lambda: C.all_blocks_free(decode), 30, "all KV blocks free")

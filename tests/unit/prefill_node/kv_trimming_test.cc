@@ -2,13 +2,15 @@
 // Run's exact snapshot; StreamingLLM and the draft map keep their fixed positions' rows
 // unchanged; SpecKV and SnapKV keep, per layer and head, the budget: the window and the
 // best-scored rest, with rows equal to the untrimmed prefill's; the decode engine generates
-// from the trimmed KV; a POP plan is refused for the scored methods; and the selection itself
+// from the trimmed KV; under POP the skipped layers are scored by queries from their own stream
+// (refused where their Q projections were not loaded); and the selection itself
 // on hand-made scores.
 #include "prefill_node/kv_trimming.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -164,16 +166,72 @@ TEST_F(TrimEngineTest, ScoredMethodsKeepTheWindowAndRowsOfTheUntrimmedKv) {
     // Heads choose for themselves: not every (layer, head) keeps the same set.
     EXPECT_GT(differ_from_first_head, 0) << TrimMethodName(method);
   }
-  // With a POP plan the skipped layers have no queries: refused, saying why.
+}
+
+// Kept positions of (layer, head), [layers][heads][budget].
+std::vector<int32_t> HeadPositions(const KvSnapshot& kv, int layer, int head) {
+  const int c = kv.n_slots;
+  const int32_t* p = &kv.positions[(size_t{1} * layer * kv.layout.n_kv_heads + head) * c];
+  return std::vector<int32_t>(p, p + c);
+}
+
+TEST_F(TrimEngineTest, PopScoresItsKvOnlyLayersWithQueriesFromTheirOwnStream) {
+  // POP 1/3 skips layers 20..29: their K/V (and, for scoring, their queries) come from h*, the
+  // stream leaving layer 19. Layer 20's input is h* in the full model too, so up to layer 20 the
+  // POP run scores exactly as the full one; deeper layers have no full-model equivalent.
+  const std::vector<int32_t> prompt = Prompt(150);
+  const ModelConfig& c = engine_->model().config;
   PopConfig pop;
-  pop.layers = std::vector<int>{20, 21};
+  pop.ratio = 1.0 / 3;
   const ForwardPlan pop_plan = *engine_->PlanFor(pop);
-  TrimPolicy p;
-  p.method = TrimMethod::kSpecKv;
-  p.budget = budget;
-  p.window = window;
-  absl::StatusOr<PrefillResult> refused = engine_->RunTrimmed(prompt, p, &pop_plan);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  ASSERT_EQ(pop_plan.layers[20], LayerMode::kKvOnly);
+  ASSERT_EQ(pop_plan.layers[19], LayerMode::kFull);
+  for (TrimMethod method : {TrimMethod::kSpecKv, TrimMethod::kSnapKv}) {
+    SCOPED_TRACE(TrimMethodName(method));
+    TrimPolicy p;
+    p.method = method;
+    p.budget = 48;
+    p.window = 8;
+    p.lookahead = {21, 22, 23};
+    const PrefillResult full = *engine_->RunTrimmed(prompt, p);
+    absl::StatusOr<PrefillResult> popped = engine_->RunTrimmed(prompt, p, &pop_plan);
+    ASSERT_TRUE(popped.ok()) << popped.status();
+    for (int l = 0; l <= 20; ++l) {
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        ASSERT_EQ(HeadPositions(popped->kv, l, h), HeadPositions(full.kv, l, h)) << l << " " << h;
+      }
+    }
+
+    // A prefill worker that loaded only what POP needs (the skipped layers' K/V as one stacked
+    // GEMM, their norms and Q projections) keeps what the full-weights one keeps under the same
+    // plan, up to near-ties of the stacked GEMM's rounding.
+    PrefillOptions o;
+    o.model_path = TestModelPath();
+    o.precision = "fp32";
+    o.chunk = 64;
+    o.pop = pop;
+    std::unique_ptr<PrefillEngine> pruned = *PrefillEngine::Create(o);
+    absl::StatusOr<PrefillResult> own = pruned->RunTrimmed(prompt, p);
+    ASSERT_TRUE(own.ok()) << own.status();
+    int same = 0, total = 0;
+    for (int l = 20; l < c.n_layers; ++l) {
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        const std::vector<int32_t> a = HeadPositions(own->kv, l, h);
+        const std::vector<int32_t> b = HeadPositions(popped->kv, l, h);
+        std::vector<int32_t> both;
+        std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(both));
+        same += static_cast<int>(both.size());
+        total += p.budget;
+      }
+    }
+    EXPECT_GE(same, total * 97 / 100) << same << " of " << total;
+
+    // Without the Q projections there is nothing to score the skipped layers with: refused.
+    o.score_queries = false;
+    std::unique_ptr<PrefillEngine> no_queries = *PrefillEngine::Create(o);
+    absl::StatusOr<PrefillResult> refused = no_queries->RunTrimmed(prompt, p);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  }
 }
 
 TEST_F(TrimEngineTest, DecodeGeneratesFromTrimmedKv) {

@@ -68,8 +68,9 @@ TEST(OpenAiRequestTest, MinimalCompletionDefaults) {
   EXPECT_FALSE(r.include_usage);
   EXPECT_TRUE(r.stop.empty());
   EXPECT_EQ(r.pop.kind, PopChoice::Kind::kDefault);
-  EXPECT_EQ(r.method, "");
-  EXPECT_EQ(r.budget, 0);
+  EXPECT_EQ(r.method.method, DraftMethod::kNone);
+  EXPECT_EQ(r.method.budget_tokens, 0);
+  EXPECT_EQ(r.method.budget_fraction, 0);
 }
 
 TEST(OpenAiRequestTest, EveryFieldSet) {
@@ -93,7 +94,7 @@ TEST(OpenAiRequestTest, EveryFieldSet) {
                       {"stream_options", {{"include_usage", true}}},
                       {"ignore_eos", true},
                       {"some_unknown_field", {{"x", 1}}},
-                      {"tripod", {{"pop", "1/3"}, {"method", "none"}, {"budget", 64}}}});
+                      {"tripod", {{"pop", "1/3"}, {"method", "speckv"}, {"budget", 64}}}});
   EXPECT_EQ(r.max_tokens, 7);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
   EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
@@ -113,8 +114,8 @@ TEST(OpenAiRequestTest, EveryFieldSet) {
   EXPECT_TRUE(r.ignore_eos);
   EXPECT_EQ(r.pop.kind, PopChoice::Kind::kRatio);
   EXPECT_EQ(r.pop.ratio, "1/3");
-  EXPECT_EQ(r.method, "");
-  EXPECT_EQ(r.budget, 64);
+  EXPECT_EQ(r.method.method, DraftMethod::kSpecKv);
+  EXPECT_EQ(r.method.budget_tokens, 64);
 }
 
 TEST(OpenAiRequestTest, NullMeansAbsent) {
@@ -208,7 +209,49 @@ TEST(OpenAiRequestTest, SeedsTopKAndPop) {
   EXPECT_EQ(pop(0.25).ratio, "0.25");
   EXPECT_EQ(pop(0).ratio, "0");
   EXPECT_EQ(pop(0.999).ratio, "0.999");
-  EXPECT_EQ(ParseOk(kCmpl, {{"tripod", {{"method", ""}}}}).method, "");
+  EXPECT_EQ(ParseOk(kCmpl, {{"tripod", {{"method", ""}}}}).method.method, DraftMethod::kNone);
+}
+
+TEST(OpenAiRequestTest, MethodsAndBudgets) {
+  auto method = [](const json& t) { return ParseOk(kCmpl, {{"tripod", t}}).method; };
+  EXPECT_EQ(method({{"method", "none"}}).method, DraftMethod::kNone);
+  const std::vector<std::pair<const char*, DraftMethod>> names = {
+      {"speckv", DraftMethod::kSpecKv},
+      {"specpc", DraftMethod::kSpecPc},
+      {"draftmap", DraftMethod::kDraftMap},
+      {"snapkv", DraftMethod::kSnapKv},
+      {"streamingllm", DraftMethod::kStreamingLlm}};
+  for (const auto& [name, m] : names) {
+    const MethodChoice c = method({{"method", name}, {"budget", 100}});
+    EXPECT_EQ(c.method, m) << name;
+    EXPECT_EQ(c.budget_tokens, 100);
+  }
+  // A fraction of the prompt: a number below 1 or "a/b".
+  EXPECT_DOUBLE_EQ(method({{"method", "specpc"}, {"budget", 0.25}}).budget_fraction, 0.25);
+  EXPECT_EQ(method({{"method", "specpc"}, {"budget", 0.25}}).budget_tokens, 0);
+  EXPECT_DOUBLE_EQ(method({{"method", "specpc"}, {"budget", "1/8"}}).budget_fraction, 0.125);
+  EXPECT_EQ(method({{"method", "specpc"}, {"budget", "512"}}).budget_tokens, 512);
+  EXPECT_EQ(method({{"method", "specpc"}, {"budget", 7.0}}).budget_tokens, 7);
+  EXPECT_EQ(method({{
+                        "method",
+                        "",
+                    },
+                    {"budget", 0}})
+                .method,
+            DraftMethod::kNone);
+
+  tripod::v1::CompletionRequest p;
+  p.set_prompt("hello");
+  p.mutable_tripod()->set_method("draftmap");
+  p.mutable_tripod()->set_budget_fraction(0.5);
+  auto r = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<CompletionRequest>(r).method.method, DraftMethod::kDraftMap);
+  EXPECT_DOUBLE_EQ(std::get<CompletionRequest>(r).method.budget_fraction, 0.5);
+  p.mutable_tripod()->set_budget_fraction(1.0);  // a fraction must stay below 1
+  auto bad = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "tripod.budget");
 }
 
 struct Refusal {
@@ -330,10 +373,20 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kCmpl, {{"tripod", {{"pop", "1/2/3"}}}}, "tripod.pop", "ratio"},
       {kCmpl, {{"tripod", {{"pop", 1}}}}, "tripod.pop", "ratio"},
       {kCmpl, {{"tripod", {{"pop", true}}}}, "tripod.pop", "ratio"},
-      {kCmpl, {{"tripod", {{"method", "speckv"}}}}, "tripod.method", "not available yet"},
+      {kCmpl, {{"tripod", {{"method", "speckv"}}}}, "tripod.budget", "needs a 'tripod.budget'"},
+      {kCmpl, {{"tripod", {{"method", "h2o"}, {"budget", 9}}}}, "tripod.method", "one of"},
+      {kCmpl,
+       {{"tripod", {{"method", "pyramidkv"}, {"budget", 9}}}},
+       "tripod.method",
+       "not available yet"},
       {kCmpl, {{"tripod", {{"method", 3}}}}, "tripod.method", "string"},
-      {kCmpl, {{"tripod", {{"budget", -1}}}}, "tripod.budget", "[0,"},
-      {kCmpl, {{"tripod", {{"budget", "9"}}}}, "tripod.budget", "integer"},
+      {kCmpl, {{"tripod", {{"budget", 9}}}}, "tripod.budget", "needs a 'tripod.method'"},
+      {kCmpl, {{"tripod", {{"method", "snapkv"}, {"budget", -1}}}}, "tripod.budget", "got -1"},
+      {kCmpl, {{"tripod", {{"method", "snapkv"}, {"budget", 1.5}}}}, "tripod.budget", "whole"},
+      {kCmpl, {{"tripod", {{"method", "snapkv"}, {"budget", "3/2"}}}}, "tripod.budget", "3/2"},
+      {kCmpl, {{"tripod", {{"method", "snapkv"}, {"budget", "lots"}}}}, "tripod.budget", "lots"},
+      {kCmpl, {{"tripod", {{"method", "snapkv"}, {"budget", 1e12}}}}, "tripod.budget", "2^31"},
+      {kCmpl, {{"tripod", {{"method", "snapkv"}, {"budget", true}}}}, "tripod.budget", "number"},
   };
   for (const Refusal& c : cases) {
     SCOPED_TRACE(c.extra.dump());
@@ -406,6 +459,7 @@ TEST(OpenAiRequestTest, ProtoFieldsMapLikeJson) {
   p.set_ignore_eos(true);
   p.set_user("u");
   p.mutable_tripod()->set_pop("off");
+  p.mutable_tripod()->set_method("snapkv");
   p.mutable_tripod()->set_budget(5);
   auto r = CompletionRequestFromProto(p);
   ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
@@ -425,7 +479,8 @@ TEST(OpenAiRequestTest, ProtoFieldsMapLikeJson) {
   EXPECT_TRUE(c.ignore_eos);
   EXPECT_EQ(c.user, "u");
   EXPECT_EQ(c.pop.kind, PopChoice::Kind::kOff);
-  EXPECT_EQ(c.budget, 5);
+  EXPECT_EQ(c.method.method, DraftMethod::kSnapKv);
+  EXPECT_EQ(c.method.budget_tokens, 5);
   EXPECT_FALSE(c.stream);
 
   // Unset optionals are the defaults.

@@ -120,7 +120,37 @@ void ExpectTiming(const json& t) {
   EXPECT_DOUBLE_EQ(t["decode_s"].get<double>(), 0.5);
   EXPECT_DOUBLE_EQ(t["total_s"].get<double>(), 1.0);
   EXPECT_EQ(t["route"], "disaggregated");
-  EXPECT_EQ(t.size(), 8u);
+  EXPECT_TRUE(t["method"].is_null());  // none asked
+  EXPECT_EQ(t.size(), 9u);
+}
+
+TEST(OpenAiTimingTest, MethodOutcomeInTheTripodObject) {
+  StageTimes times;
+  times.draft_s = 0.125;
+  times.method.name = "speckv";
+  times.method.budget = 256;
+  times.method.applied = true;
+  times.method.prompt_tokens = 1000;
+  times.method.kv_entries = 256;
+  times.method.kv_bytes_saved = 4096;
+  const json t = json::parse(DumpJson(TimingJson(times)));
+  EXPECT_DOUBLE_EQ(t["draft_s"].get<double>(), 0.125);
+  const json& m = t["method"];
+  EXPECT_EQ(m["name"], "speckv");
+  EXPECT_EQ(m["budget"], 256);
+  EXPECT_EQ(m["applied"], true);
+  EXPECT_TRUE(m["fallback"].is_null());
+  EXPECT_EQ(m["prompt_tokens"], 1000);
+  EXPECT_EQ(m["kv_entries"], 256);
+  EXPECT_EQ(m["kv_bytes_saved"], 4096);
+
+  times.method.applied = false;
+  times.method.fallback = "draft worker 127.0.0.1:5: timed out";
+  times.method.kv_entries = 0;
+  const json f = json::parse(DumpJson(TimingJson(times)))["method"];
+  EXPECT_EQ(f["applied"], false);
+  EXPECT_EQ(f["fallback"], "draft worker 127.0.0.1:5: timed out");
+  EXPECT_TRUE(f["kv_entries"].is_null());
 }
 
 void ExpectUsage(const json& u) {
@@ -479,6 +509,7 @@ TEST_F(OpenAiResponseTest, GrpcMessages) {
   EXPECT_DOUBLE_EQ(last.timing().prefill_s(), 0.25);
   EXPECT_DOUBLE_EQ(last.timing().draft_s(), 0.0);  // did not run
   EXPECT_EQ(last.timing().route(), "disaggregated");
+  EXPECT_FALSE(last.timing().has_method());  // none asked
 
   tripod::v1::CompletionResponse resp;
   FillCompletionResponse(ctx, tokens, End(), *tokenizer_, &resp);
