@@ -36,7 +36,7 @@ ABSL_FLAG(std::string, configs, "",
 ABSL_DECLARE_FLAG(int, max_tokens);
 ABSL_FLAG(std::string, shard, "",
           "eval-pop: I/N evaluates prompts i with i % N == I (run N processes, then --merge)");
-ABSL_FLAG(std::string, lengths, "linear",
+ABSL_FLAG(std::string, length_spread, "linear",
           "eval-pop: prompt lengths spread evenly (linear) or evenly in log-length (log)");
 ABSL_FLAG(std::string, merge, "",
           "eval-pop: comma-separated JSON outputs of shards to merge into one result");
@@ -113,7 +113,7 @@ absl::Status EvalPopMain(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_continuation_tokens) < 1 || absl::GetFlag(FLAGS_generate_tokens) < 1) {
     return absl::InvalidArgumentError("--continuation-tokens and --generate-tokens must be >= 1");
   }
-  const std::string lengths = absl::GetFlag(FLAGS_lengths);
+  const std::string lengths = absl::GetFlag(FLAGS_length_spread);
   if (lengths != "linear" && lengths != "log") {
     return absl::InvalidArgumentError("--lengths must be linear or log");
   }

@@ -25,7 +25,8 @@ ABSL_DECLARE_FLAG(uint64_t, seed);
 
 ABSL_FLAG(std::string, corpus, "",
           "pop-importance / eval-pop: text corpus (default data/corpus/calib.txt, eval.txt)");
-ABSL_FLAG(int, samples, 16, "pop-importance: calibration prompts");
+ABSL_FLAG(int, samples, 16,
+          "pop-importance: calibration prompts; eval-longctx: samples per task and length");
 ABSL_FLAG(int, prompt_tokens, 256, "pop-importance: tokens per calibration prompt");
 ABSL_FLAG(int, answer_tokens, 32, "pop-importance: answer tokens sampled from the model");
 ABSL_FLAG(double, eps, 0.05, "pop-importance: finite-difference step of the gates");

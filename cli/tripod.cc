@@ -264,6 +264,7 @@ absl::Status EvalPopMain(int argc, char** argv);  // cli/eval_pop.cc
 absl::Status PrefillMain();                       // cli/prefill.cc
 absl::Status ServeMain();                         // cli/serve.cc
 absl::Status DraftMain();                         // cli/draft.cc
+absl::Status EvalLongCtxMain();                   // cli/eval_longctx.cc
 
 }  // namespace tripod
 
@@ -280,7 +281,11 @@ int main(int argc, char** argv) {
       "  eval-pop   POP quality vs the full model and controls (JSON): --corpus --prompts\n"
       "  prefill    one POP prefill (JSON: plan, resident bytes, timing): --prompt | --ids\n"
       "  draft      one draft pass (JSON: SpecPC token scores and kept positions, lookahead):\n"
-      "             --prompt | --ids, --draft_layers N --window 64 --budget C --lookahead L\n");
+      "             --prompt | --ids, --draft_layers N --window 64 --budget C --lookahead L\n"
+      "  eval-longctx  RULER-style long-context accuracy of the full KV and every compression\n"
+      "             method (JSON lines): --lengths 1024,2048,4096 --budgets 1/8,1/4,1/2\n"
+      "             --methods --tasks --samples --pop_rows on,off --pop 1/3 --shard I/N\n"
+      "             --out ROWS --merge ROWS,...\n");
   // A bare `--chat` (no message) starts an interactive chat.
   std::vector<char*> argv2(argv, argv + argc);
   static char interactive[] = "--interactive";
@@ -326,6 +331,8 @@ int main(int argc, char** argv) {
     status = tripod::PrefillMain();
   } else if (cmd == "draft") {
     status = tripod::DraftMain();
+  } else if (cmd == "eval-longctx") {
+    status = tripod::EvalLongCtxMain();
   } else {
     std::fprintf(stderr, "tripod: unknown command '%s'\n%s\n", cmd.c_str(),
                  absl::ProgramUsageMessage().data());

@@ -154,10 +154,8 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
                                                         const ForwardPlan* plan_in) {
   RETURN_IF_ERROR(CheckPrompt(model_->config, prompt));
   const ModelConfig& c = model_->config;
-  const int n = static_cast<int>(prompt.size());
-  const int m = n - 1;
+  const int m = static_cast<int>(prompt.size()) - 1;
   RETURN_IF_ERROR(ValidateTrimPolicy(policy, m));
-  const ForwardPlan& plan = plan_in != nullptr ? *plan_in : plan_;
   PrefillRun run;
   run.plan = plan_in;
   if (KeepsEverything(policy, m)) return Run(prompt, run);
@@ -167,9 +165,34 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
                                         policy.budget));
     return r;
   }
+  ASSIGN_OR_RETURN(
+      Scored scored,
+      RunScored(prompt, policy.window,
+                policy.method == TrimMethod::kSpecKv ? policy.lookahead : std::vector<int32_t>{},
+                plan_in));
+  PrefillResult r = std::move(scored.full);
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(r.kv,
+                   TrimSnapshot(r.kv, ScoredPositions(policy, scored.attention, m), policy.budget));
+  r.export_s += Seconds(t0, Clock::now());
+  return r;
+}
+
+absl::StatusOr<PrefillEngine::Scored> PrefillEngine::RunScored(
+    const std::vector<int32_t>& prompt, int window, const std::vector<int32_t>& lookahead,
+    const ForwardPlan* plan_in) {
+  RETURN_IF_ERROR(CheckPrompt(model_->config, prompt));
+  const ModelConfig& c = model_->config;
+  const int n = static_cast<int>(prompt.size());
+  const int m = n - 1;
+  if (window < 1 || window > m) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill: the scoring window must be in [1, ", m, "], got ", window));
+  }
+  const ForwardPlan& plan = plan_in != nullptr ? *plan_in : plan_;
   // Every layer's KV is scored: full layers by their own queries, POP's K/V-only layers by queries
   // projected from the stream their K/V came from (Forward's capture), which needs their Q
-  // projections loaded (PrefillEngineOptions::score_queries).
+  // projections loaded (PrefillOptions::score_queries).
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerMode mode = plan.layers[l];
     const PreparedLayer& p = model_->layers[l];
@@ -177,15 +200,11 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
       continue;
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "prefill: ", TrimMethodName(policy.method), " scores every layer's attention, and layer ",
-        l, " of plan ", plan.DebugString(),
+        "prefill: scoring the KV needs every layer's attention, and layer ", l, " of plan ",
+        plan.DebugString(),
         " has no queries here (a skipped layer, or a K/V-only layer whose Q projection this "
         "worker did not load)"));
   }
-  const std::vector<int32_t> lookahead =
-      policy.method == TrimMethod::kSpecKv ? policy.lookahead : std::vector<int32_t>{};
-  std::vector<int32_t> tail(prompt.begin() + (m - policy.window), prompt.end());
-  tail.insert(tail.end(), lookahead.begin(), lookahead.end());
   for (int32_t t : lookahead) {
     if (t < 0 || t >= c.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -198,10 +217,13 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
                                                    " lookahead tokens exceed the context length ",
                                                    c.context_length));
   }
+  std::vector<int32_t> tail(prompt.begin() + (m - window), prompt.end());
+  tail.insert(tail.end(), lookahead.begin(), lookahead.end());
   KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv_dtype_};
   ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
                    ContiguousKvCache::Create(layout, 1, total));
-  PrefillResult r;
+  Scored out;
+  PrefillResult& r = out.full;
   r.prefilled_tokens = m;
   r.plan_key = plan.KvKey();
   r.last_token = prompt.back();
@@ -209,7 +231,7 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
   const auto t0 = Clock::now();
   // The positions outside the window, in chunks; then the window, the last prompt token and the
   // lookahead as one batch, whose queries are all captured.
-  const int outside = m - policy.window;
+  const int outside = m - window;
   for (int begin = 0; begin < outside; begin += options_.chunk) {
     const int len = std::min(options_.chunk, outside - begin);
     StepBatch batch;
@@ -228,12 +250,11 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
   ++r.chunks;
   const auto t1 = Clock::now();
   r.forward_s = Seconds(t0, t1);
-  ASSIGN_OR_RETURN(KvSnapshot full, ExportSnapshot(*cache, 0, m));
-  full.plan_key = r.plan_key;
-  ASSIGN_OR_RETURN(r.kv,
-                   TrimSnapshot(full, ScoredPositions(policy, captured.at(0), m), policy.budget));
+  ASSIGN_OR_RETURN(r.kv, ExportSnapshot(*cache, 0, m));
+  r.kv.plan_key = r.plan_key;
   r.export_s = Seconds(t1, Clock::now());
-  return r;
+  out.attention = std::move(captured.at(0));
+  return out;
 }
 
 }  // namespace tripod

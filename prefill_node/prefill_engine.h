@@ -72,14 +72,26 @@ class PrefillEngine {
   absl::StatusOr<PrefillResult> Run(const std::vector<int32_t>& prompt, const PrefillRun& run = {});
 
   // Prefills prompt[0..n-2] and trims its KV by `policy`, in process (a snapshot, no sink).
-  // SpecKV and SnapKV run the window, the last prompt token and (SpecKV) the lookahead through
-  // every layer as one batch with their attention captured, and keep per layer and KV head the
-  // window and the best-scored rest; they need a plan whose layers are all full (a K/V-only
-  // layer has no queries here yet): FAILED_PRECONDITION otherwise. A policy that keeps every
-  // position gives exactly Run's result. Engine thread only.
+  // SpecKV and SnapKV score through RunScored and keep per layer and KV head the window and the
+  // best-scored rest. A policy that keeps every position gives exactly Run's result. Engine
+  // thread only.
   absl::StatusOr<PrefillResult> RunTrimmed(const std::vector<int32_t>& prompt,
                                            const TrimPolicy& policy,
                                            const ForwardPlan* plan = nullptr);
+
+  // The untrimmed KV of prompt[0..n-2] and the attention of the last `window` prefilled tokens'
+  // queries, the last prompt token's and the lookahead's over it, captured in every layer: what
+  // SpecKV and SnapKV select from at any budget (ScoredPositions). The window and lookahead run
+  // as one batch after the rest. Every layer needs queries: full layers have them, POP's K/V-only
+  // layers project theirs from the stream their K/V come from (loaded with
+  // PrefillOptions::score_queries); FAILED_PRECONDITION otherwise. window in [1, n - 1].
+  struct Scored {
+    PrefillResult full;
+    CapturedAttention attention;
+  };
+  absl::StatusOr<Scored> RunScored(const std::vector<int32_t>& prompt, int window,
+                                   const std::vector<int32_t>& lookahead,
+                                   const ForwardPlan* plan = nullptr);
 
   // The plan for a request's POP config (nullopt: this worker's own). A worker that loaded the
   // full weights (no layer skipped at load) runs any legal plan, its K/V-only layers through the

@@ -1,0 +1,256 @@
+// `tripod eval-longctx`: RULER-style long-context tasks (eval/longctx_tasks.h) through the full KV
+// and every compression method at fractions of the prompt, with POP on and off
+// (eval/longctx_eval.h). Prints one JSON line per task, length, method, budget and POP setting:
+// the mean accuracy over the samples with its 95% interval, mean prefill and draft seconds and
+// KV bytes. --out also writes every sample's row (JSON lines) so that shards can be merged
+// (--merge) into the same summary.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/model/bundled_model.h"
+#include "common/model/chat_template.h"
+#include "common/model/gguf.h"
+#include "common/util/status_macros.h"
+#include "eval/longctx_eval.h"
+#include "nlohmann/json.hpp"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(uint64_t, seed);
+ABSL_DECLARE_FLAG(std::string, corpus);
+ABSL_DECLARE_FLAG(int, samples);
+ABSL_DECLARE_FLAG(std::string, shard);
+ABSL_DECLARE_FLAG(std::string, merge);
+ABSL_DECLARE_FLAG(int, chunk);
+ABSL_DECLARE_FLAG(int, draft_layers);
+ABSL_DECLARE_FLAG(std::string, pop);  // cli/serve.cc: the POP ratio
+
+ABSL_FLAG(std::string, lengths, "1024,2048,4096",
+          "eval-longctx: prompt lengths in tokens, comma-separated (8192 on request)");
+ABSL_FLAG(std::string, budgets, "1/8,1/4,1/2",
+          "eval-longctx: budgets as fractions of the prompt, comma-separated");
+ABSL_FLAG(std::string, methods, "full,speckv,specpc,draftmap,snapkv,streamingllm",
+          "eval-longctx: methods, comma-separated (full is the uncompressed reference)");
+ABSL_FLAG(std::string, tasks, "niah_single,niah_multikey,niah_multivalue,vt,cwe",
+          "eval-longctx: tasks, comma-separated");
+ABSL_FLAG(std::string, pop_rows, "on,off",
+          "eval-longctx: the POP settings to run, comma-separated (on: the --pop ratio)");
+
+namespace tripod {
+namespace {
+
+absl::StatusOr<std::vector<std::string>> Names(const std::string& flag, const std::string& text,
+                                               const std::vector<std::string>& known) {
+  std::vector<std::string> out;
+  for (absl::string_view s : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    if (std::find(known.begin(), known.end(), s) == known.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval-longctx: --", flag, ": unknown '", s, "'"));
+    }
+    out.emplace_back(s);
+  }
+  if (out.empty())
+    return absl::InvalidArgumentError(absl::StrCat("eval-longctx: --", flag, " is empty"));
+  return out;
+}
+
+absl::StatusOr<std::vector<double>> Fractions(const std::string& text) {
+  std::vector<double> out;
+  for (absl::string_view s : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    const std::vector<absl::string_view> parts = absl::StrSplit(s, '/');
+    double num = 0, den = 1;
+    if (parts.size() > 2 || !absl::SimpleAtod(parts[0], &num) ||
+        (parts.size() == 2 && !absl::SimpleAtod(parts[1], &den)) || !(den > 0) ||
+        !(num / den > 0 && num / den <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval-longctx: --budgets: '", s, "' is not a fraction in (0, 1]"));
+    }
+    out.push_back(num / den);
+  }
+  if (out.empty()) return absl::InvalidArgumentError("eval-longctx: --budgets is empty");
+  return out;
+}
+
+nlohmann::json RowJson(const LongCtxRow& r, int sample) {
+  return {{"task", r.task},         {"length", r.length},
+          {"sample", sample},       {"method", r.method},
+          {"budget", r.budget},     {"budget_tokens", r.budget_tokens},
+          {"pop", r.pop},           {"prompt_tokens", r.prompt_tokens},
+          {"accuracy", r.accuracy}, {"prefill_s", r.prefill_s},
+          {"draft_s", r.draft_s},   {"kv_bytes", r.kv_bytes},
+          {"output", r.output}};
+}
+
+// Wilson's 95% interval for a mean of k scores in [0, 1] read as a proportion: unlike mean +/-
+// 1.96 sd it does not collapse to a point at 0 or 1 with few samples.
+std::pair<double, double> Wilson(double p, int k) {
+  if (k == 0) return {0, 1};
+  const double z = 1.96, z2 = z * z;
+  const double centre = (p + z2 / (2 * k)) / (1 + z2 / k);
+  const double half = z * std::sqrt(p * (1 - p) / k + z2 / (4.0 * k * k)) / (1 + z2 / k);
+  return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
+}
+
+// One summary line per (task, length, method, budget, pop), in the rows' first-seen order.
+void PrintSummary(const std::vector<nlohmann::json>& rows) {
+  using Key = std::tuple<std::string, int, std::string, double, bool>;
+  struct Acc {
+    int k = 0;
+    double accuracy = 0, prefill_s = 0, draft_s = 0, kv_bytes = 0, prompt_tokens = 0,
+           budget_tokens = 0;
+  };
+  std::vector<Key> order;
+  std::map<Key, Acc> acc;
+  for (const nlohmann::json& r : rows) {
+    const Key key{r["task"], r["length"], r["method"], r["budget"], r["pop"]};
+    if (!acc.count(key)) order.push_back(key);
+    Acc& a = acc[key];
+    ++a.k;
+    a.accuracy += r["accuracy"].get<double>();
+    a.prefill_s += r["prefill_s"].get<double>();
+    a.draft_s += r["draft_s"].get<double>();
+    a.kv_bytes += r["kv_bytes"].get<double>();
+    a.prompt_tokens += r["prompt_tokens"].get<double>();
+    a.budget_tokens += r["budget_tokens"].get<double>();
+  }
+  for (const Key& key : order) {
+    const Acc& a = acc[key];
+    const double mean = a.accuracy / a.k;
+    const auto [lo, hi] = Wilson(mean, a.k);
+    nlohmann::json j = {{"task", std::get<0>(key)},
+                        {"length", std::get<1>(key)},
+                        {"method", std::get<2>(key)},
+                        {"budget", std::get<3>(key)},
+                        {"pop", std::get<4>(key)},
+                        {"accuracy", mean},
+                        {"accuracy_ci95", {lo, hi}},
+                        {"samples", a.k},
+                        {"prefill_s", a.prefill_s / a.k},
+                        {"draft_s", a.draft_s / a.k},
+                        {"kv_bytes", a.kv_bytes / a.k},
+                        {"prompt_tokens", a.prompt_tokens / a.k},
+                        {"budget_tokens", a.budget_tokens / a.k}};
+    std::printf("%s\n", j.dump().c_str());
+  }
+  std::fflush(stdout);
+}
+
+absl::Status Merge() {
+  std::vector<nlohmann::json> rows;
+  for (absl::string_view path :
+       absl::StrSplit(absl::GetFlag(FLAGS_merge), ',', absl::SkipEmpty())) {
+    std::ifstream f{std::string(path)};
+    if (!f) return absl::NotFoundError(absl::StrCat("eval-longctx: cannot read ", path));
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.empty()) continue;
+      nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (j.is_discarded() || !j.contains("accuracy")) {
+        return absl::InvalidArgumentError(absl::StrCat("eval-longctx: ", path, ": not a row"));
+      }
+      rows.push_back(std::move(j));
+    }
+  }
+  PrintSummary(rows);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status EvalLongCtxMain() {
+  if (!absl::GetFlag(FLAGS_merge).empty()) return Merge();
+  ASSIGN_OR_RETURN(const std::vector<std::string> tasks,
+                   Names("tasks", absl::GetFlag(FLAGS_tasks), LongCtxTaskNames()));
+  ASSIGN_OR_RETURN(const std::vector<std::string> methods,
+                   Names("methods", absl::GetFlag(FLAGS_methods), LongCtxMethodNames()));
+  ASSIGN_OR_RETURN(const std::vector<std::string> pop_names,
+                   Names("pop_rows", absl::GetFlag(FLAGS_pop_rows), {"on", "off"}));
+  ASSIGN_OR_RETURN(const std::vector<double> budgets, Fractions(absl::GetFlag(FLAGS_budgets)));
+  std::vector<int> lengths;
+  for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_lengths), ',', absl::SkipEmpty())) {
+    int n = 0;
+    if (!absl::SimpleAtoi(s, &n) || n < 256) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("eval-longctx: --lengths: '", s, "' is not a length of >= 256 tokens"));
+    }
+    lengths.push_back(n);
+  }
+  if (lengths.empty()) return absl::InvalidArgumentError("eval-longctx: --lengths is empty");
+  const int samples = absl::GetFlag(FLAGS_samples);
+  if (samples < 1) return absl::InvalidArgumentError("eval-longctx: --samples must be >= 1");
+  int shard = 0, shards = 1;
+  if (!absl::GetFlag(FLAGS_shard).empty() &&
+      (std::sscanf(absl::GetFlag(FLAGS_shard).c_str(), "%d/%d", &shard, &shards) != 2 ||
+       shards < 1 || shard < 0 || shard >= shards)) {
+    return absl::InvalidArgumentError("eval-longctx: --shard must be I/N with 0 <= I < N");
+  }
+  std::vector<bool> pops;
+  for (const std::string& p : pop_names) pops.push_back(p == "on");
+
+  LongCtxOptions o;
+  o.model_path = absl::GetFlag(FLAGS_model);
+  o.precision = absl::GetFlag(FLAGS_precision);
+  o.chunk = absl::GetFlag(FLAGS_chunk);
+  o.pop_ratio = absl::GetFlag(FLAGS_pop);
+  if (absl::GetFlag(FLAGS_draft_layers) > 0) o.draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  ASSIGN_OR_RETURN(std::unique_ptr<LongCtxEvaluator> eval, LongCtxEvaluator::Create(o));
+  std::string corpus_path = absl::GetFlag(FLAGS_corpus);
+  if (corpus_path.empty()) {
+    // Beside the bundled model: <root>/models/... -> <root>/data/corpus/eval.txt.
+    const std::string bundled = BundledModelPath();
+    corpus_path = bundled.substr(0, bundled.rfind("models/")) + "data/corpus/eval.txt";
+  }
+  std::ifstream cf(corpus_path);
+  if (!cf) return absl::NotFoundError(absl::StrCat("eval-longctx: cannot read ", corpus_path));
+  std::stringstream text;
+  text << cf.rdbuf();
+  const LongCtxCorpus corpus = MakeLongCtxCorpus(text.str(), eval->tokenizer());
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(eval->model_path()));
+  ASSIGN_OR_RETURN(std::string tmpl_text, gguf->GetString("tokenizer.chat_template"));
+  ASSIGN_OR_RETURN(const ChatTemplate chat, DetectChatTemplate(tmpl_text));
+
+  std::ofstream rows_out;
+  if (!absl::GetFlag(FLAGS_out).empty()) {
+    rows_out.open(absl::GetFlag(FLAGS_out));
+    if (!rows_out)
+      return absl::InternalError(absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
+  }
+  std::vector<nlohmann::json> rows;
+  int job = 0;
+  for (const int length : lengths) {
+    for (const std::string& task : tasks) {
+      for (int i = 0; i < samples; ++i, ++job) {
+        if (job % shards != shard) continue;
+        ASSIGN_OR_RETURN(const LongCtxSample s,
+                         MakeLongCtxSample(task, length, i, absl::GetFlag(FLAGS_seed), corpus,
+                                           eval->tokenizer(), chat));
+        ASSIGN_OR_RETURN(const std::vector<LongCtxRow> got,
+                         eval->Evaluate(s, methods, budgets, pops));
+        for (const LongCtxRow& r : got) {
+          rows.push_back(RowJson(r, i));
+          if (rows_out.is_open()) rows_out << rows.back().dump() << "\n" << std::flush;
+        }
+        std::fprintf(stderr, "eval-longctx: %s at %d tokens, sample %d: %zu rows\n", task.c_str(),
+                     length, i, got.size());
+      }
+    }
+  }
+  PrintSummary(rows);
+  return absl::OkStatus();
+}
+
+}  // namespace tripod

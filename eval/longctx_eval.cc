@@ -1,0 +1,217 @@
+#include "eval/longctx_eval.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "common/compute/max_pool.h"
+#include "common/model/bundled_model.h"
+#include "common/model/gguf.h"
+#include "common/util/status_macros.h"
+#include "draft_node/specpc.h"
+#include "prefill_node/kv_trimming.h"
+#include "prefill_node/pop_config.h"
+
+namespace tripod {
+namespace {
+
+bool Wants(const std::vector<std::string>& methods, const char* name) {
+  return std::find(methods.begin(), methods.end(), name) != methods.end();
+}
+
+int64_t Bytes(const KvSnapshot& kv) { return static_cast<int64_t>(kv.k.size() + kv.v.size()); }
+
+}  // namespace
+
+const std::vector<std::string>& LongCtxMethodNames() {
+  static const std::vector<std::string> names = {"full",     "speckv", "specpc",
+                                                 "draftmap", "snapkv", "streamingllm"};
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<LongCtxEvaluator>> LongCtxEvaluator::Create(
+    const LongCtxOptions& options) {
+  std::unique_ptr<LongCtxEvaluator> e(new LongCtxEvaluator());
+  e->options_ = options;
+  if (e->options_.model_path.empty()) e->options_.model_path = BundledModelPath();
+  const std::string& path = e->options_.model_path;
+  ASSIGN_OR_RETURN(e->gguf_, GgufFile::Open(path));
+  ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(*e->gguf_));
+
+  PrefillOptions p;
+  p.model_path = path;
+  p.precision = options.precision;
+  p.chunk = options.chunk;
+  ASSIGN_OR_RETURN(p.pop, ParsePopConfig("0", ""));  // full weights: the full plan and POP's
+  ASSIGN_OR_RETURN(e->prefill_, PrefillEngine::Create(p));
+  ASSIGN_OR_RETURN(const PopConfig pop, ParsePopConfig(options.pop_ratio, ""));
+  ASSIGN_OR_RETURN(e->pop_plan_, e->prefill_->PlanFor(pop));
+
+  DraftEngineOptions d;
+  d.model_path = path;
+  d.self_draft_layers = options.draft_layers;
+  d.precision = options.precision;
+  d.prefill_chunk = options.chunk;
+  ASSIGN_OR_RETURN(e->draft_, DraftEngine::Create(d));
+
+  DecodeEngineOptions o;
+  o.model_path = path;
+  o.precision = options.precision;
+  ASSIGN_OR_RETURN(e->decode_, DecodeEngine::Create(o));
+  return e;
+}
+
+absl::StatusOr<std::string> LongCtxEvaluator::Generate(const std::vector<int32_t>& prompt,
+                                                       const KvSnapshot& kv, int max_tokens) {
+  DecodeRequest req;
+  req.prompt = prompt;
+  req.max_tokens = max_tokens;
+  req.sampling.temperature = 0;
+  req.kv = std::make_shared<const KvSnapshot>(kv);
+  std::vector<int32_t> ids;
+  std::string error;
+  req.on_event = [&](const TokenEvent& e) {
+    if (e.token >= 0) ids.push_back(e.token);
+    if (e.finish == FinishReason::kError || e.finish == FinishReason::kCancelled) {
+      error = e.error.empty() ? FinishReasonName(e.finish) : e.error;
+    }
+  };
+  RETURN_IF_ERROR(decode_->Submit(std::move(req)).status());
+  RETURN_IF_ERROR(decode_->RunUntilIdle());
+  if (!error.empty()) return absl::InternalError(absl::StrCat("eval-longctx: decode: ", error));
+  return tokenizer_->Decode(ids);
+}
+
+absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
+    const LongCtxSample& sample, const std::vector<std::string>& methods,
+    const std::vector<double>& budgets, const std::vector<bool>& pops) {
+  const std::vector<int32_t>& prompt = sample.prompt;
+  const int n = static_cast<int>(prompt.size());
+  const int m = n - 1;
+  const ModelConfig& c = prefill_->model().config;
+  const int window = options_.trim_window;
+
+  // The draft's map, once: token scores for SpecPC and the draft map at any budget, and SpecKV's
+  // lookahead (greedy, as long as the answer at most).
+  DraftResult draft;
+  if (Wants(methods, "speckv") || Wants(methods, "specpc") || Wants(methods, "draftmap")) {
+    DraftRequest r;
+    r.prompt = prompt;
+    r.lookahead =
+        Wants(methods, "speckv") ? std::min(options_.speckv_lookahead, sample.max_tokens) : 0;
+    ASSIGN_OR_RETURN(draft, draft_->Score(r));
+  }
+  const SpecPcParams specpc;  // the draft worker's defaults
+  const std::vector<float> pooled = MaxPool1d(draft.token_scores, specpc.pool_kernel);
+  auto draft_keep = [&](int budget) {
+    SpecPcParams p = specpc;
+    p.budget = budget;
+    return SpecPcSelect(pooled, p);
+  };
+
+  std::vector<LongCtxRow> rows;
+  auto add = [&](const std::string& method, double budget, int budget_tokens, bool pop,
+                 const std::vector<int32_t>& p, const KvSnapshot& kv, double prefill_s,
+                 double draft_s) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string out, Generate(p, kv, sample.max_tokens));
+    LongCtxRow row;
+    row.task = sample.task;
+    row.length = sample.target_tokens;
+    row.method = method;
+    row.budget = budget;
+    row.budget_tokens = budget_tokens;
+    row.pop = pop;
+    row.prompt_tokens = n;
+    row.accuracy = ScoreLongCtxOutput(sample, out);
+    row.prefill_s = prefill_s;
+    row.draft_s = draft_s;
+    row.kv_bytes = Bytes(kv);
+    row.output = std::move(out);
+    rows.push_back(std::move(row));
+    return absl::OkStatus();
+  };
+
+  for (const bool pop : pops) {
+    PrefillRun run;
+    run.plan = pop ? &pop_plan_ : nullptr;
+    std::optional<PrefillResult> full;
+    if (Wants(methods, "full") || Wants(methods, "streamingllm") || Wants(methods, "draftmap")) {
+      ASSIGN_OR_RETURN(full, prefill_->Run(prompt, run));
+    }
+    if (Wants(methods, "full")) {
+      RETURN_IF_ERROR(add("full", 1.0, m, pop, prompt, full->kv, full->forward_s, 0));
+    }
+    std::optional<PrefillEngine::Scored> speckv, snapkv;
+    if (Wants(methods, "speckv")) {
+      ASSIGN_OR_RETURN(speckv, prefill_->RunScored(prompt, window, draft.lookahead, run.plan));
+    }
+    if (Wants(methods, "snapkv")) {
+      ASSIGN_OR_RETURN(snapkv, prefill_->RunScored(prompt, window, {}, run.plan));
+    }
+    for (const double fraction : budgets) {
+      const int budget = std::max(1, static_cast<int>(std::lround(fraction * n)));
+      if (budget < window) {
+        return absl::InvalidArgumentError(absl::StrCat("eval-longctx: budget ", fraction, " of ", n,
+                                                       " tokens is below the window ", window));
+      }
+      // A budget that keeps every entry trims nothing (as the service does).
+      const int kv_budget = std::min(budget, m);
+      TrimPolicy policy;
+      policy.budget = kv_budget;
+      policy.window = window;
+      auto trimmed = [&](const KvSnapshot& untrimmed,
+                         const std::vector<int32_t>& positions) -> absl::StatusOr<KvSnapshot> {
+        if (kv_budget >= m) return untrimmed;
+        return TrimSnapshot(untrimmed, positions, kv_budget);
+      };
+      if (speckv) {
+        policy.method = TrimMethod::kSpecKv;
+        ASSIGN_OR_RETURN(const KvSnapshot kv,
+                         trimmed(speckv->full.kv, ScoredPositions(policy, speckv->attention, m)));
+        RETURN_IF_ERROR(add("speckv", fraction, kv_budget, pop, prompt, kv, speckv->full.forward_s,
+                            draft.prefill_s + draft.lookahead_s));
+      }
+      if (snapkv) {
+        policy.method = TrimMethod::kSnapKv;
+        ASSIGN_OR_RETURN(const KvSnapshot kv,
+                         trimmed(snapkv->full.kv, ScoredPositions(policy, snapkv->attention, m)));
+        RETURN_IF_ERROR(
+            add("snapkv", fraction, kv_budget, pop, prompt, kv, snapkv->full.forward_s, 0));
+      }
+      if (Wants(methods, "streamingllm")) {
+        policy.method = TrimMethod::kStreamingLlm;
+        ASSIGN_OR_RETURN(const KvSnapshot kv,
+                         trimmed(full->kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
+        RETURN_IF_ERROR(
+            add("streamingllm", fraction, kv_budget, pop, prompt, kv, full->forward_s, 0));
+      }
+      if (Wants(methods, "draftmap")) {
+        policy.method = TrimMethod::kDraftMap;
+        // As the scheduler asks: one more than the budget, the last prompt position dropped.
+        for (int32_t i : draft_keep(kv_budget + 1)) {
+          if (i < m) policy.keep.push_back(i);
+        }
+        ASSIGN_OR_RETURN(const KvSnapshot kv,
+                         trimmed(full->kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
+        policy.keep.clear();
+        RETURN_IF_ERROR(add("draftmap", fraction, kv_budget, pop, prompt, kv, full->forward_s,
+                            draft.prefill_s));
+      }
+      if (Wants(methods, "specpc")) {
+        std::vector<int32_t> kept;
+        if (budget >= n) {
+          kept = prompt;
+        } else {
+          for (int32_t i : draft_keep(budget)) kept.push_back(prompt[i]);
+        }
+        ASSIGN_OR_RETURN(PrefillResult r, prefill_->Run(kept, run));
+        RETURN_IF_ERROR(add("specpc", fraction, static_cast<int>(kept.size()), pop, kept, r.kv,
+                            r.forward_s, draft.prefill_s));
+      }
+    }
+  }
+  return rows;
+}
+
+}  // namespace tripod
