@@ -135,12 +135,11 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
   for (const bool pop : pops) {
     PrefillRun run;
     run.plan = pop ? &pop_plan_ : nullptr;
-    std::optional<PrefillResult> full;
-    if (Wants(methods, "full") || Wants(methods, "streamingllm") || Wants(methods, "draftmap")) {
-      ASSIGN_OR_RETURN(full, prefill_->Run(prompt, run));
-    }
+    // The untrimmed prefill: the reference row, what the fixed methods trim, and what every
+    // method amounts to at a budget that keeps everything.
+    ASSIGN_OR_RETURN(const PrefillResult full, prefill_->Run(prompt, run));
     if (Wants(methods, "full")) {
-      RETURN_IF_ERROR(add("full", 1.0, m, pop, prompt, full->kv, full->forward_s, 0));
+      RETURN_IF_ERROR(add("full", 1.0, m, pop, prompt, full.kv, full.forward_s, 0));
     }
     std::optional<PrefillEngine::Scored> speckv, snapkv;
     if (Wants(methods, "speckv")) {
@@ -155,56 +154,60 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
         return absl::InvalidArgumentError(absl::StrCat("eval-longctx: budget ", fraction, " of ", n,
                                                        " tokens is below the window ", window));
       }
-      // A budget that keeps every entry trims nothing (as the service does).
-      const int kv_budget = std::min(budget, m);
+      // A budget that keeps everything a method could drop runs the request as without the
+      // method, as the scheduler does: the full row's KV, no draft hop.
+      if (budget >= m) {
+        for (const std::string& method : methods) {
+          if (method == "full" || (method == "specpc" && budget < n)) continue;
+          RETURN_IF_ERROR(add(method, fraction, method == "specpc" ? n : m, pop, prompt, full.kv,
+                              full.forward_s, 0));
+        }
+        if (!Wants(methods, "specpc") || budget >= n) continue;
+      }
+      const int kv_budget = budget;
       TrimPolicy policy;
       policy.budget = kv_budget;
       policy.window = window;
       auto trimmed = [&](const KvSnapshot& untrimmed,
                          const std::vector<int32_t>& positions) -> absl::StatusOr<KvSnapshot> {
-        if (kv_budget >= m) return untrimmed;
         return TrimSnapshot(untrimmed, positions, kv_budget);
       };
-      if (speckv) {
+      if (speckv && budget < m) {
         policy.method = TrimMethod::kSpecKv;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
                          trimmed(speckv->full.kv, ScoredPositions(policy, speckv->attention, m)));
         RETURN_IF_ERROR(add("speckv", fraction, kv_budget, pop, prompt, kv, speckv->full.forward_s,
                             draft.prefill_s + draft.lookahead_s));
       }
-      if (snapkv) {
+      if (snapkv && budget < m) {
         policy.method = TrimMethod::kSnapKv;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
                          trimmed(snapkv->full.kv, ScoredPositions(policy, snapkv->attention, m)));
         RETURN_IF_ERROR(
             add("snapkv", fraction, kv_budget, pop, prompt, kv, snapkv->full.forward_s, 0));
       }
-      if (Wants(methods, "streamingllm")) {
+      if (Wants(methods, "streamingllm") && budget < m) {
         policy.method = TrimMethod::kStreamingLlm;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
-                         trimmed(full->kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
+                         trimmed(full.kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
         RETURN_IF_ERROR(
-            add("streamingllm", fraction, kv_budget, pop, prompt, kv, full->forward_s, 0));
+            add("streamingllm", fraction, kv_budget, pop, prompt, kv, full.forward_s, 0));
       }
-      if (Wants(methods, "draftmap")) {
+      if (Wants(methods, "draftmap") && budget < m) {
         policy.method = TrimMethod::kDraftMap;
         // As the scheduler asks: one more than the budget, the last prompt position dropped.
         for (int32_t i : draft_keep(kv_budget + 1)) {
           if (i < m) policy.keep.push_back(i);
         }
         ASSIGN_OR_RETURN(const KvSnapshot kv,
-                         trimmed(full->kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
+                         trimmed(full.kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
         policy.keep.clear();
-        RETURN_IF_ERROR(add("draftmap", fraction, kv_budget, pop, prompt, kv, full->forward_s,
-                            draft.prefill_s));
+        RETURN_IF_ERROR(
+            add("draftmap", fraction, kv_budget, pop, prompt, kv, full.forward_s, draft.prefill_s));
       }
       if (Wants(methods, "specpc")) {
         std::vector<int32_t> kept;
-        if (budget >= n) {
-          kept = prompt;
-        } else {
-          for (int32_t i : draft_keep(budget)) kept.push_back(prompt[i]);
-        }
+        for (int32_t i : draft_keep(budget)) kept.push_back(prompt[i]);
         ASSIGN_OR_RETURN(PrefillResult r, prefill_->Run(kept, run));
         RETURN_IF_ERROR(add("specpc", fraction, static_cast<int>(kept.size()), pop, kept, r.kv,
                             r.forward_s, draft.prefill_s));

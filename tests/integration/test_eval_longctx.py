@@ -1,0 +1,66 @@
+"""`tripod eval-longctx` on one short sample (the bounded version of the evaluation in
+docs/draft.md): one JSON line per method, budget and POP setting; the KV bytes of every trimming
+method fall to the budget (within 2%); SpecPC prefills the kept tokens only; a budget of the whole
+prompt leaves every method's output exactly the full KV's; shards merge into the same summary.
+"""
+
+import json
+import os
+import subprocess
+import tempfile
+
+import cluster as C
+
+METHODS = ["full", "speckv", "specpc", "draftmap", "snapkv", "streamingllm"]
+
+
+def run(args):
+  out = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}", *args],
+                       capture_output=True, text=True, timeout=C.CALL_TIMEOUT_S, check=True)
+  return [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+
+
+def test_one_sample_through_every_method():
+  with tempfile.TemporaryDirectory(prefix="tripod_lc_") as tmp:
+    rows_path = os.path.join(tmp, "rows.jsonl")
+    summary = run(["--lengths=512", "--tasks=niah_multikey", "--samples=1", "--budgets=1/4,1",
+                   "--methods=" + ",".join(METHODS), "--pop_rows=off,on", "--precision=fp32",
+                   "--chunk=128", f"--out={rows_path}"])
+    with open(rows_path) as f:
+      rows = [json.loads(line) for line in f]
+    # Merging the rows gives the summary back.
+    merged = run([f"--merge={rows_path}"])
+  assert merged == summary
+  # full once per POP setting; 5 methods x 2 budgets x 2 POP settings.
+  assert len(summary) == 2 + 5 * 2 * 2, [(s["method"], s["budget"], s["pop"]) for s in summary]
+  by = {(r["method"], r["budget"], r["pop"]): r for r in rows}
+  for pop in (False, True):
+    full = by[("full", 1.0, pop)]
+    n = full["prompt_tokens"]
+    assert abs(n - 512) <= 5
+    for method in METHODS[1:]:
+      r = by[(method, 0.25, pop)]
+      assert r["budget_tokens"] == round(n / 4)
+      if method == "specpc":
+        # The kept prompt's KV: budget - 1 entries (its last token is decode's).
+        want = full["kv_bytes"] * (r["budget_tokens"] - 1) / (n - 1)
+        assert r["prefill_s"] < full["prefill_s"], (r["prefill_s"], full["prefill_s"])
+      else:
+        want = full["kv_bytes"] * r["budget_tokens"] / (n - 1)
+      assert abs(r["kv_bytes"] - want) <= 0.02 * want, (method, r["kv_bytes"], want)
+      assert 0.0 <= r["accuracy"] <= 1.0
+      # The whole prompt as the budget: the request runs as without the method.
+      whole = by[(method, 1.0, pop)]
+      assert whole["output"] == full["output"], method
+      assert whole["kv_bytes"] == full["kv_bytes"]
+  for s in summary:
+    lo, hi = s["accuracy_ci95"]
+    assert s["samples"] == 1 and 0.0 <= lo <= s["accuracy"] <= hi <= 1.0
+
+
+def test_bad_flags_are_refused():
+  for args, words in ((["--tasks=qa"], "unknown 'qa'"), (["--budgets=2"], "fraction"),
+                      (["--lengths=100"], ">= 256"), (["--shard=3/2"], "--shard")):
+    out = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}", *args],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and words in out.stderr, (args, out.stderr)
