@@ -31,7 +31,8 @@ std::vector<int32_t> SpecPcSelect(const std::vector<float>& pooled, const SpecPc
   std::stable_sort(order.begin(), order.end(),
                    [&](int32_t a, int32_t b) { return pooled[a] > pooled[b]; });
   order.resize(p.budget);
-  // The window first, then each seed's neighbourhood, nearest first; repeats dropped.
+  // The window first, latest first (a budget below the window keeps the prompt's end, its last
+  // token always), then each seed's neighbourhood, nearest first; repeats dropped.
   std::vector<uint8_t> taken(n, 0);
   auto take = [&](int32_t j) {
     if (!taken[j]) {
@@ -39,7 +40,7 @@ std::vector<int32_t> SpecPcSelect(const std::vector<float>& pooled, const SpecPc
       keep.push_back(j);
     }
   };
-  for (int j = std::max(0, n - p.window); j < n; ++j) take(j);
+  for (int j = n - 1; j >= std::max(0, n - p.window); --j) take(j);
   const int nb = std::max(p.neighbourhood, 1);
   const int lo = (nb - 1) / 2, hi = nb - 1 - lo;
   for (int32_t seed : order) {

@@ -24,9 +24,9 @@ struct SpecPcParams {
 std::vector<float> SpecPcTokenScores(const CapturedAttention& att, int first_layer);
 
 // Steps 5 and 6: seeds are the `budget` highest pooled scores (ties: the earlier position); for
-// each seed in score order its neighbourhood, nearest first, clamped; then the last `window`
-// positions first, repeats dropped, truncated to the budget, sorted ascending. Every position
-// when budget >= n.
+// each seed in score order its neighbourhood, nearest first, clamped; the last `window` positions
+// (latest first) before them, repeats dropped, truncated to the budget, sorted ascending: a
+// budget below the window keeps the prompt's last tokens. Every position when budget >= n.
 std::vector<int32_t> SpecPcSelect(const std::vector<float>& pooled, const SpecPcParams& p);
 
 // Steps 1-6 on one sequence's captured attention: the kept positions, ascending.

@@ -10,9 +10,10 @@ NumPy the same s(j) comes from the reference forward's own Q and K:
   * every score within MAX_ABS of the reference (fp32 against float64 measures ~1e-6 here);
   * negative controls: scores from one layer fewer, and from an unweighted window, must each be
     farther than 10 x MAX_ABS from the C++ ones, so the comparison can tell them apart;
-  * steps 4-6 (max-pool, seeds and neighbourhoods, the window first, truncate, sort), written
-    here from the description, applied to the C++ scores give exactly the C++ kept positions,
-    for several budgets; a budget of the whole prompt keeps every position.
+  * steps 4-6 (max-pool, seeds and neighbourhoods, the window first and latest first, truncate,
+    sort), written here from the description, applied to the C++ scores give exactly the C++ kept
+    positions, for several budgets (one below the window); a budget of the whole prompt keeps
+    every position.
 """
 
 import json
@@ -76,7 +77,7 @@ def select(scores, budget):
   seeds = sorted(range(n), key=lambda j: (-pooled[j], j))[:budget]
   lo = (NEIGHBOURHOOD - 1) // 2
   hi = NEIGHBOURHOOD - 1 - lo
-  order = list(range(max(0, n - WINDOW), n))
+  order = list(range(n - 1, max(0, n - WINDOW) - 1, -1))  # the window, latest first
   for seed in seeds:
     order.append(seed)
     for d in range(1, max(lo, hi) + 1):
@@ -114,7 +115,7 @@ def main():
     rows.append((label, f"{d:.2e}", ">", 10 * MAX_ABS))
     if not d > 10 * MAX_ABS:
       failures.append(f"control '{label}' within {d:.2e}: the comparison cannot tell it apart")
-  for budget in (40, 80, 120, N_TOKENS):
+  for budget in (16, 40, 80, 120, N_TOKENS):  # 16: below the window, which keeps its end
     out = got if budget == 40 else cpp_draft(ids, budget)
     want = select(list(np.asarray(out["token_scores"], dtype=np.float64)), budget)
     rows.append((f"keep, budget {budget}", len(out["keep"]), "==", len(want)))

@@ -48,6 +48,16 @@ TEST(SpecPcTest, NeighboursClampAtTheEdgesAndRepeatsDrop) {
   EXPECT_EQ(SpecPcSelect(s, p), (std::vector<int32_t>{0, 1, 2, 9}));
 }
 
+TEST(SpecPcTest, BudgetBelowTheWindowKeepsThePromptsEnd) {
+  std::vector<float> s(20, 0.0f);
+  s[2] = 1.0f;  // a strong seed, but the window alone overfills the budget
+  SpecPcParams p;
+  p.window = 8;
+  p.budget = 3;
+  // The window's latest positions first: the last token is always kept.
+  EXPECT_EQ(SpecPcSelect(s, p), (std::vector<int32_t>{17, 18, 19}));
+}
+
 TEST(SpecPcTest, BudgetAtOrAboveThePromptKeepsEveryPosition) {
   std::vector<float> s = {0.1f, 0.4f, 0.2f, 0.3f};
   SpecPcParams p;

@@ -1,8 +1,9 @@
 // The dispatcher and a request's path through real workers in this process (in_process_workers.h).
 // Checks: the decode-only and the disaggregated paths give the same greedy tokens; a cancelled
 // request frees its blocks on the decode worker; the queue admits in order and refuses past its
-// bound (429); shutdown ends queued requests with 503; many requests at once all complete (the
-// ThreadSanitizer preset runs this).
+// bound (429); shutdown ends queued requests with 503; many requests at once all complete; the
+// draft hop applies each method, with requests in flight together and cancelled while drafting
+// (the ThreadSanitizer preset runs this).
 #include "scheduler/dispatcher.h"
 
 #include <gtest/gtest.h>
@@ -160,6 +161,64 @@ TEST_F(DispatcherTest, ManyAtOnceAllComplete) {
       text.find("tripod:request_success_total{finish_reason=\"length\",role=\"scheduler\"} 12"),
       std::string::npos)
       << text;
+}
+
+TEST_F(DispatcherTest, DraftHopAppliesEveryMethodConcurrentlyAndCancelsCleanly) {
+  DispatcherOptions o;
+  o.direct_prefill_tokens = 8;
+  MakeDispatcher(o);
+  // The registry's first round has run: the draft worker is in routing.
+  ASSERT_EQ(registry_->Healthy(v1::ROLE_DRAFT).size(), 1u);
+  const std::vector<DraftMethod> methods = {DraftMethod::kSpecKv, DraftMethod::kSpecPc,
+                                            DraftMethod::kDraftMap, DraftMethod::kSnapKv,
+                                            DraftMethod::kStreamingLlm};
+  std::vector<Outcome> outs(methods.size());
+  std::vector<std::shared_ptr<RequestHandle>> handles;
+  for (size_t i = 0; i < methods.size(); ++i) {
+    PreparedRequest r = Greedy(SomeIds(90, 10 + static_cast<int>(i)), 4, PopChoice::Kind::kOff);
+    r.method.method = methods[i];
+    r.method.budget_tokens = 40;
+    ApiError refused;
+    handles.push_back(dispatcher_->Submit(std::move(r), outs[i].Callbacks(), &refused));
+    ASSERT_NE(handles.back(), nullptr) << refused.message;
+  }
+  // One more, cancelled at once: while queued or drafting, it ends without a word.
+  Outcome gone;
+  {
+    PreparedRequest r = Greedy(SomeIds(300, 99), 4, PopChoice::Kind::kOff);
+    r.method.method = DraftMethod::kSpecKv;
+    r.method.budget_tokens = 64;
+    ApiError refused;
+    auto h = dispatcher_->Submit(std::move(r), gone.Callbacks(), &refused);
+    ASSERT_NE(h, nullptr);
+    h->Cancel();
+  }
+  for (size_t i = 0; i < methods.size(); ++i) {
+    SCOPED_TRACE(DraftMethodName(methods[i]));
+    ASSERT_TRUE(outs[i].WaitDone());
+    MutexLock l(&outs[i].mu);
+    ASSERT_TRUE(outs[i].end.has_value()) << outs[i].error->message;
+    const MethodReport& m = outs[i].end->times.method;
+    EXPECT_EQ(m.name, DraftMethodName(methods[i]));
+    EXPECT_TRUE(m.applied) << m.fallback;
+    EXPECT_EQ(m.budget, 40);
+    EXPECT_EQ(outs[i].tokens.size(), 4u);
+    EXPECT_EQ(outs[i].end->usage.prompt_tokens, 90);
+    if (methods[i] == DraftMethod::kSpecPc) {
+      EXPECT_EQ(m.prompt_tokens, 40);
+    } else {
+      EXPECT_EQ(m.kv_entries, 40);
+      EXPECT_GT(m.kv_bytes_saved, 0);
+    }
+    EXPECT_EQ(outs[i].end->times.draft_s >= 0, NeedsDraft(methods[i]));
+  }
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (dispatcher_->running() > 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(dispatcher_->running(), 0);
+  EXPECT_TRUE(DecodeIdle());
+  MutexLock l(&gone.mu);
+  EXPECT_FALSE(gone.end.has_value());
+  EXPECT_FALSE(gone.error.has_value());
 }
 
 TEST_F(DispatcherTest, NoDecodeWorkerIs503) {

@@ -1,5 +1,6 @@
-// A decode worker (DecodeService over a DecodeEngine) and a prefill worker (PrefillService, full
-// weights, fp32) behind real gRPC servers on 127.0.0.1:0 in the test's process, found by a
+// A decode worker (DecodeService over a DecodeEngine), a prefill worker (PrefillService, full
+// weights, fp32) and a draft worker (DraftService, a 4-layer self-draft) behind real gRPC servers
+// on 127.0.0.1:0 in the test's process, found by a
 // WorkerRegistry, with a Dispatcher over them: the fixture of the scheduler's tests that need
 // workers (the dispatcher's, the Completion service's). Every wait is bounded.
 #pragma once
@@ -20,6 +21,10 @@
 #include "decode_node/decode_engine.h"
 #include "decode_node/decode_metrics.h"
 #include "decode_node/decode_service.h"
+#include "draft_node/draft_engine.h"
+#include "draft_node/draft_metrics.h"
+#include "draft_node/draft_service.h"
+#include "draft_node/draft_worker.h"
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_service.h"
 #include "prefill_node/prefill_worker.h"
@@ -101,11 +106,21 @@ class InProcessWorkersTest : public ::testing::Test {
     auto pe = PrefillEngine::Create(p);
     ASSERT_TRUE(pe.ok()) << pe.status();
     prefill_engine_ = pe->release();
+    DraftEngineOptions r;
+    r.model_path = TestModelPath();
+    r.self_draft_layers = 4;
+    r.precision = "fp32";
+    r.prefill_chunk = 64;
+    r.context_tokens = 1024;
+    auto de = DraftEngine::Create(r);
+    ASSERT_TRUE(de.ok()) << de.status();
+    draft_engine_ = de->release();
   }
   static void TearDownTestSuite() {
     decode_engine_->Stop();
     delete decode_engine_;
     delete prefill_engine_;
+    delete draft_engine_;
   }
 
   void SetUp() override {
@@ -121,6 +136,11 @@ class InProcessWorkersTest : public ::testing::Test {
     prefill_worker_ = std::make_unique<PrefillWorker>(*prefill_engine_, &prefill_registry_, wo);
     prefill_service_ = std::make_unique<PrefillService>(*prefill_worker_, model);
     prefill_server_ = StartServer(prefill_service_.get(), &prefill_port_);
+    draft_metrics_ = std::make_unique<DraftMetrics>(draft_registry_);
+    draft_worker_ = std::make_unique<DraftWorker>(*draft_engine_, draft_metrics_.get(), 64);
+    draft_service_ =
+        std::make_unique<DraftService>(*draft_worker_, draft_metrics_.get(), model, model);
+    draft_server_ = StartServer(draft_service_.get(), &draft_port_);
   }
 
   void TearDown() override {
@@ -131,7 +151,8 @@ class InProcessWorkersTest : public ::testing::Test {
     EXPECT_TRUE(FlushReleases(std::chrono::seconds(10)));
     decode_service_->CancelAll("test over");
     prefill_worker_->queue().Shutdown(absl::ZeroDuration());
-    for (auto* s : {decode_server_.get(), prefill_server_.get()}) {
+    draft_worker_->Shutdown(absl::ZeroDuration());
+    for (auto* s : {decode_server_.get(), prefill_server_.get(), draft_server_.get()}) {
       s->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
       s->Wait();
     }
@@ -151,6 +172,7 @@ class InProcessWorkersTest : public ::testing::Test {
     WorkerRegistryOptions ro;
     ro.decode = {absl::StrCat("127.0.0.1:", decode_port_)};
     if (with_prefill) ro.prefill = {absl::StrCat("127.0.0.1:", prefill_port_)};
+    ro.draft = {absl::StrCat("127.0.0.1:", draft_port_)};
     ro.interval = std::chrono::milliseconds(100);
     registry_ = std::make_unique<WorkerRegistry>(ro);
     registry_->Start();
@@ -182,7 +204,8 @@ class InProcessWorkersTest : public ::testing::Test {
 
   static inline DecodeEngine* decode_engine_ = nullptr;
   static inline PrefillEngine* prefill_engine_ = nullptr;
-  metrics::Registry decode_registry_, prefill_registry_, scheduler_registry_;
+  static inline DraftEngine* draft_engine_ = nullptr;
+  metrics::Registry decode_registry_, prefill_registry_, draft_registry_, scheduler_registry_;
   std::unique_ptr<DecodeMetrics> decode_metrics_;
   std::unique_ptr<DecodeService> decode_service_;
   std::unique_ptr<grpc::Server> decode_server_;
@@ -191,6 +214,11 @@ class InProcessWorkersTest : public ::testing::Test {
   std::unique_ptr<PrefillService> prefill_service_;
   std::unique_ptr<grpc::Server> prefill_server_;
   int prefill_port_ = 0;
+  std::unique_ptr<DraftMetrics> draft_metrics_;
+  std::unique_ptr<DraftWorker> draft_worker_;
+  std::unique_ptr<DraftService> draft_service_;
+  std::unique_ptr<grpc::Server> draft_server_;
+  int draft_port_ = 0;
   std::unique_ptr<WorkerRegistry> registry_;
   std::unique_ptr<SchedulerMetrics> metrics_;
   std::unique_ptr<Dispatcher> dispatcher_;
