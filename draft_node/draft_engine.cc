@@ -76,8 +76,8 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(
   layout.n_kv_heads = config.n_kv_heads;
   layout.head_dim = config.head_dim;
   layout.dtype = cpu.kv;
-  const int ctx = options.context_tokens > 0 ? options.context_tokens : config.context_length;
-  ASSIGN_OR_RETURN(e->kv_, ContiguousKvCache::Create(layout, 1, ctx));
+  e->kv_layout_ = layout;
+  e->context_ = options.context_tokens > 0 ? options.context_tokens : config.context_length;
   e->ws_ = std::make_unique<ForwardWorkspace>(*e->backend_);
   return e;
 }
@@ -95,10 +95,10 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
         absl::StrCat("draft: window must be positive and budget >= 0, got window ", r.specpc.window,
                      ", budget ", r.specpc.budget));
   }
-  if (n + r.lookahead > kv_->capacity_tokens()) {
+  if (n + r.lookahead > context_) {
     return absl::OutOfRangeError(absl::StrCat("draft: ", n, " prompt + ", r.lookahead,
                                               " lookahead tokens exceed the draft's context of ",
-                                              kv_->capacity_tokens()));
+                                              context_));
   }
   for (int i = 0; i < n; ++i) {
     if (r.prompt[i] < 0 || r.prompt[i] >= c.vocab_size) {
@@ -115,6 +115,10 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
   }
   std::lock_guard<std::mutex> lock(mu_);
   const auto t0 = std::chrono::steady_clock::now();
+  // The request's own KV, as long as it needs: freed when the map is made (this function's end),
+  // so an idle draft worker holds none.
+  ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> kv,
+                   ContiguousKvCache::Create(kv_layout_, 1, n + r.lookahead));
   // The last forward holds the whole window (its queries are captured): the prompt's tail of
   // max(window, the chunking's remainder) tokens, the rest in full chunks before it.
   const int chunk = options_.prefill_chunk;
@@ -131,7 +135,7 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
     const int len = last ? tail : std::min(chunk, n - tail - begin);
     StepBatch batch;
     batch.AddSequence(0, r.prompt.data() + begin, len, begin, begin, last);
-    RETURN_IF_ERROR(Forward(*model_, *backend_, last ? capture_plan : plan_, batch, *kv_, *ws_,
+    RETURN_IF_ERROR(Forward(*model_, *backend_, last ? capture_plan : plan_, batch, *kv, *ws_,
                             last ? &logits : nullptr, {}, last ? &captured : nullptr));
     begin += len;
   }
@@ -148,7 +152,7 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
     if (i + 1 == r.lookahead) break;
     StepBatch batch;
     batch.AddSequence(0, &next, 1, n + i, n + i, true);
-    RETURN_IF_ERROR(Forward(*model_, *backend_, plan_, batch, *kv_, *ws_, &logits));
+    RETURN_IF_ERROR(Forward(*model_, *backend_, plan_, batch, *kv, *ws_, &logits));
   }
   out.lookahead_s = Since(t1);
   return out;

@@ -60,7 +60,7 @@ class DraftEngine {
   int depth() const { return depth_; }
   const LoadedModel& model() const { return *model_; }
 
-  // One request at a time (the engine's KV holds one sequence); concurrent callers wait.
+  // One request at a time (the compute uses every core); concurrent callers wait.
   absl::StatusOr<DraftResult> Score(const DraftRequest& request);
 
  private:
@@ -69,7 +69,8 @@ class DraftEngine {
   int depth_ = 0;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LoadedModel> model_;
-  std::unique_ptr<ContiguousKvCache> kv_;
+  KvLayout kv_layout_;  // the draft's KV, made per request (ContiguousKvCache) and freed with it
+  int context_ = 0;     // prompt + lookahead tokens at most
   std::unique_ptr<ForwardWorkspace> ws_;
   ForwardPlan plan_;
   std::mutex mu_;
