@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/prompt_flags.h"
 #include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
 #include "common/model/tokenizer.h"
@@ -49,21 +50,7 @@ absl::Status DraftMain() {
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);
 
   DraftRequest r;
-  if (!absl::GetFlag(FLAGS_ids).empty()) {
-    for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_ids), ',')) {
-      int32_t id;
-      if (!absl::SimpleAtoi(s, &id)) {
-        return absl::InvalidArgumentError(absl::StrCat("draft: bad token id '", s, "'"));
-      }
-      r.prompt.push_back(id);
-    }
-  } else if (!absl::GetFlag(FLAGS_prompt).empty()) {
-    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(o.model_path));
-    ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*gguf));
-    r.prompt = tok->Encode(absl::GetFlag(FLAGS_prompt), true);
-  } else {
-    return absl::InvalidArgumentError("draft needs --prompt TEXT or --ids 1,2,3");
-  }
+  ASSIGN_OR_RETURN(r.prompt, PromptFromFlags(o.model_path, "draft"));
   r.specpc.window = absl::GetFlag(FLAGS_window);
   r.specpc.budget = absl::GetFlag(FLAGS_budget);
   r.specpc.pool_kernel = absl::GetFlag(FLAGS_pool);

@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/prompt_flags.h"
 #include "common/compute/session.h"
 #include "common/model/gguf.h"
 #include "common/model/tokenizer.h"
@@ -50,19 +51,6 @@ ABSL_FLAG(int, generate, 0,
 
 namespace tripod {
 namespace {
-
-absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text, const char* what) {
-  std::vector<int32_t> ids;
-  if (text.empty()) return ids;
-  for (absl::string_view s : absl::StrSplit(text, ',')) {
-    int32_t id;
-    if (!absl::SimpleAtoi(s, &id)) {
-      return absl::InvalidArgumentError(absl::StrCat("prefill: bad ", what, " '", s, "'"));
-    }
-    ids.push_back(id);
-  }
-  return ids;
-}
 
 // Greedy tokens of `prompt` from a DecodeEngine that imports `kv` (tokens 0..n-2) and runs the
 // last prompt token itself, as a decode worker does with a transferred KV.
@@ -104,22 +92,7 @@ absl::Status PrefillMain() {
   ASSIGN_OR_RETURN(o.pop,
                    ParsePopConfig(absl::GetFlag(FLAGS_pop_ratio), absl::GetFlag(FLAGS_pop_layers)));
 
-  std::vector<int32_t> prompt;
-  if (!absl::GetFlag(FLAGS_ids).empty()) {
-    for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_ids), ',')) {
-      int32_t id;
-      if (!absl::SimpleAtoi(s, &id)) {
-        return absl::InvalidArgumentError(absl::StrCat("prefill: bad token id '", s, "'"));
-      }
-      prompt.push_back(id);
-    }
-  } else if (!absl::GetFlag(FLAGS_prompt).empty()) {
-    ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(o.model_path));
-    ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*gguf));
-    prompt = tok->Encode(absl::GetFlag(FLAGS_prompt), true);
-  } else {
-    return absl::InvalidArgumentError("prefill needs --prompt TEXT or --ids 1,2,3");
-  }
+  ASSIGN_OR_RETURN(const std::vector<int32_t> prompt, PromptFromFlags(o.model_path, "prefill"));
 
   size_t full_bytes = 0;
   if (absl::GetFlag(FLAGS_compare_full)) {
@@ -129,8 +102,10 @@ absl::Status PrefillMain() {
   ASSIGN_OR_RETURN(trim.method, ParseTrimMethod(absl::GetFlag(FLAGS_trim)));
   trim.budget = absl::GetFlag(FLAGS_trim_budget);
   trim.window = absl::GetFlag(FLAGS_trim_window);
-  ASSIGN_OR_RETURN(trim.lookahead, ParseIds(absl::GetFlag(FLAGS_trim_lookahead), "lookahead id"));
-  ASSIGN_OR_RETURN(trim.keep, ParseIds(absl::GetFlag(FLAGS_trim_keep), "kept position"));
+  ASSIGN_OR_RETURN(trim.lookahead,
+                   ParseIdList(absl::GetFlag(FLAGS_trim_lookahead), "prefill", "lookahead id"));
+  ASSIGN_OR_RETURN(trim.keep,
+                   ParseIdList(absl::GetFlag(FLAGS_trim_keep), "prefill", "kept position"));
   ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, PrefillEngine::Create(o));
   ASSIGN_OR_RETURN(PrefillResult r, engine->RunTrimmed(prompt, trim));
 

@@ -31,10 +31,6 @@ constexpr char kFailuresHelp[] =
 
 }  // namespace
 
-std::string DecodeMetrics::OutcomeLabel(const absl::Status& status) {
-  return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
-}
-
 DecodeMetrics::DecodeMetrics(metrics::Registry& r)
     : registry_(r),
       prompt_tokens_(r.AddCounter("tripod:prompt_tokens_total",
@@ -87,12 +83,14 @@ DecodeMetrics::DecodeMetrics(metrics::Registry& r)
   for (absl::StatusCode code :
        {absl::StatusCode::kInvalidArgument, absl::StatusCode::kNotFound,
         absl::StatusCode::kFailedPrecondition, absl::StatusCode::kUnavailable}) {
-    r.AddCounter(kRejected, kRejectedHelp, With("code", OutcomeLabel(absl::Status(code, "x"))));
+    r.AddCounter(kRejected, kRejectedHelp,
+                 With("code", metrics::StatusLabel(absl::Status(code, "x"))));
   }
   for (absl::StatusCode code :
        {absl::StatusCode::kOk, absl::StatusCode::kInvalidArgument,
         absl::StatusCode::kResourceExhausted, absl::StatusCode::kUnavailable}) {
-    r.AddCounter(kReserves, kReservesHelp, With("outcome", OutcomeLabel(absl::Status(code, "x"))));
+    r.AddCounter(kReserves, kReservesHelp,
+                 With("outcome", metrics::StatusLabel(absl::Status(code, "x"))));
   }
   for (const char* reason :
        {"chunk_rejected", "stream_ended", "mismatch", "expired", "cancelled"}) {
@@ -152,13 +150,14 @@ void DecodeMetrics::GenerateDone(const std::string& finish, int prompt_tokens,
 }
 
 void DecodeMetrics::GenerateRejected(const absl::Status& status) {
-  registry_.AddCounter(kRejected, kRejectedHelp, With("code", OutcomeLabel(status))).Inc();
+  registry_.AddCounter(kRejected, kRejectedHelp, With("code", metrics::StatusLabel(status))).Inc();
 }
 
 void DecodeMetrics::InterToken(double seconds) { itl_.Observe(seconds); }
 
 void DecodeMetrics::ReserveDone(const absl::Status& status) {
-  registry_.AddCounter(kReserves, kReservesHelp, With("outcome", OutcomeLabel(status))).Inc();
+  registry_.AddCounter(kReserves, kReservesHelp, With("outcome", metrics::StatusLabel(status)))
+      .Inc();
 }
 
 void DecodeMetrics::ChunkAccepted(size_t payload_bytes) {

@@ -48,9 +48,6 @@ class DecodeMetrics {
   void TransferReceived(double seconds);
   void TransferEnded(const TransferEnd& end);
 
-  // "ok", "resource_exhausted", ...: the status code's name in lower case.
-  static std::string OutcomeLabel(const absl::Status& status);
-
  private:
   metrics::Registry& registry_;
   metrics::Counter& prompt_tokens_;

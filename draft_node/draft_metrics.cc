@@ -12,10 +12,6 @@ const metrics::Labels kRole = {{"role", "draft"}};
 constexpr char kRequests[] = "tripod:draft_requests_total";
 constexpr char kRequestsHelp[] = "Draft.Score calls by outcome (the status code, lower case)";
 
-std::string OutcomeLabel(const absl::Status& status) {
-  return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
-}
-
 }  // namespace
 
 DraftMetrics::DraftMetrics(metrics::Registry& r)
@@ -40,8 +36,9 @@ DraftMetrics::DraftMetrics(metrics::Registry& r)
        {absl::StatusCode::kOk, absl::StatusCode::kCancelled, absl::StatusCode::kInvalidArgument,
         absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kResourceExhausted,
         absl::StatusCode::kUnavailable, absl::StatusCode::kOutOfRange}) {
-    r.AddCounter(kRequests, kRequestsHelp,
-                 metrics::RoleWith(kRole, "outcome", OutcomeLabel(absl::Status(code, "x"))));
+    r.AddCounter(
+        kRequests, kRequestsHelp,
+        metrics::RoleWith(kRole, "outcome", metrics::StatusLabel(absl::Status(code, "x"))));
   }
   r.AddProcessMetrics();
 }
@@ -60,7 +57,7 @@ void DraftMetrics::AddQueueGauges(std::function<int()> queued, std::function<int
 void DraftMetrics::RequestDone(const absl::Status& status) {
   registry_
       .AddCounter(kRequests, kRequestsHelp,
-                  metrics::RoleWith(kRole, "outcome", OutcomeLabel(status)))
+                  metrics::RoleWith(kRole, "outcome", metrics::StatusLabel(status)))
       .Inc();
 }
 

@@ -39,10 +39,6 @@ double PopFlopsSaved(const ModelConfig& c, const ForwardPlan& plan, int n_tokens
   return plan.count(LayerMode::kKvOnly) * (linear + attention);
 }
 
-std::string PrefillMetrics::OutcomeLabel(const absl::Status& status) {
-  return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
-}
-
 PrefillMetrics::PrefillMetrics(metrics::Registry& r, const ModelConfig& config)
     : registry_(r),
       config_(config),
@@ -85,11 +81,13 @@ PrefillMetrics::PrefillMetrics(metrics::Registry& r, const ModelConfig& config)
         absl::StatusCode::kDeadlineExceeded, absl::StatusCode::kResourceExhausted,
         absl::StatusCode::kFailedPrecondition, absl::StatusCode::kUnavailable,
         absl::StatusCode::kInternal}) {
-    r.AddCounter(kRequests, kRequestsHelp, With("outcome", OutcomeLabel(absl::Status(code, "x"))));
+    r.AddCounter(kRequests, kRequestsHelp,
+                 With("outcome", metrics::StatusLabel(absl::Status(code, "x"))));
   }
   for (absl::StatusCode code : {absl::StatusCode::kCancelled, absl::StatusCode::kDeadlineExceeded,
                                 absl::StatusCode::kUnavailable, absl::StatusCode::kInternal}) {
-    r.AddCounter(kFailures, kFailuresHelp, With("reason", OutcomeLabel(absl::Status(code, "x"))));
+    r.AddCounter(kFailures, kFailuresHelp,
+                 With("reason", metrics::StatusLabel(absl::Status(code, "x"))));
   }
   r.AddProcessMetrics();
 }
@@ -105,7 +103,8 @@ void PrefillMetrics::AddQueueGauges(const PrefillQueue& queue) {
 }
 
 void PrefillMetrics::RequestDone(const absl::Status& status) {
-  registry_.AddCounter(kRequests, kRequestsHelp, With("outcome", OutcomeLabel(status))).Inc();
+  registry_.AddCounter(kRequests, kRequestsHelp, With("outcome", metrics::StatusLabel(status)))
+      .Inc();
 }
 
 void PrefillMetrics::JobDone(const PrefillJob& job, const PrefillOutcome& o) {
@@ -116,7 +115,8 @@ void PrefillMetrics::JobDone(const PrefillJob& job, const PrefillOutcome& o) {
   bytes_.Inc(static_cast<double>(o.bytes_sent));
   chunks_.Inc(o.chunks_sent);
   if (!o.status.ok()) {
-    registry_.AddCounter(kFailures, kFailuresHelp, With("reason", OutcomeLabel(o.status))).Inc();
+    registry_.AddCounter(kFailures, kFailuresHelp, With("reason", metrics::StatusLabel(o.status)))
+        .Inc();
     return;
   }
   // prefilled_tokens: the prompt but its last token (the decode side runs that one in full).

@@ -35,9 +35,6 @@ class PrefillMetrics {
   // A job that ran (whatever its status).
   void JobDone(const PrefillJob& job, const PrefillOutcome& outcome);
 
-  // "ok", "cancelled", "invalid_argument", ...: the status code's name in lower case.
-  static std::string OutcomeLabel(const absl::Status& status);
-
  private:
   metrics::Registry& registry_;
   const ModelConfig config_;

@@ -1,7 +1,13 @@
 // The shared metric scheme; see metric_scheme.h.
 #include "common/metrics/metric_scheme.h"
 
+#include "absl/strings/ascii.h"
+
 namespace tripod::metrics {
+
+std::string StatusLabel(const absl::Status& status) {
+  return absl::AsciiStrToLower(absl::StatusCodeToString(status.code()));
+}
 
 Labels RoleWith(const Labels& role, const std::string& name, const std::string& value) {
   Labels l = role;
