@@ -47,6 +47,7 @@ ABSL_FLAG(std::string, methods, "full,speckv,specpc,draftmap,snapkv,streamingllm
           "eval-longctx: methods, comma-separated (full is the uncompressed reference)");
 ABSL_FLAG(std::string, tasks, "niah_single,niah_multikey,niah_multivalue,vt,cwe",
           "eval-longctx: tasks, comma-separated");
+ABSL_FLAG(int, trim_pool, 7, "eval-longctx: SpecKV and SnapKV's max-pool kernel over the scores");
 ABSL_FLAG(std::string, pop_rows, "on,off",
           "eval-longctx: the POP settings to run, comma-separated (on: the --pop ratio)");
 
@@ -206,6 +207,8 @@ absl::Status EvalLongCtxMain() {
   o.precision = absl::GetFlag(FLAGS_precision);
   o.chunk = absl::GetFlag(FLAGS_chunk);
   o.pop_ratio = absl::GetFlag(FLAGS_pop);
+  o.trim_pool = absl::GetFlag(FLAGS_trim_pool);
+  if (o.trim_pool < 1) return absl::InvalidArgumentError("eval-longctx: --trim_pool must be >= 1");
   if (absl::GetFlag(FLAGS_draft_layers) > 0) o.draft_layers = absl::GetFlag(FLAGS_draft_layers);
   ASSIGN_OR_RETURN(std::unique_ptr<LongCtxEvaluator> eval, LongCtxEvaluator::Create(o));
   std::string corpus_path = absl::GetFlag(FLAGS_corpus);

@@ -168,6 +168,7 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
       TrimPolicy policy;
       policy.budget = kv_budget;
       policy.window = window;
+      policy.pool_kernel = options_.trim_pool;
       auto trimmed = [&](const KvSnapshot& untrimmed,
                          const std::vector<int32_t>& positions) -> absl::StatusOr<KvSnapshot> {
         return TrimSnapshot(untrimmed, positions, kv_budget);

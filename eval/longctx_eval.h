@@ -27,6 +27,7 @@ struct LongCtxOptions {
   int chunk = 512;                // prefill chunk
   std::string pop_ratio = "1/3";  // the POP-on rows' plan
   int trim_window = 32;           // SpecKV / SnapKV observation window (as the scheduler's)
+  int trim_pool = 7;              // SpecKV / SnapKV max-pool of the scores (the worker's default)
   int speckv_lookahead = 64;      // at most; also at most the task's answer length
 };
 
