@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Summarises `tripod eval-longctx --out ROWS` files (one JSON line per sample, method, budget and
+POP setting) into the markdown tables of docs/draft.md: accuracy per task and length (with
+Wilson 95% intervals), the mean over the tasks the model can do with the full KV, each method's
+share of the full-KV mean at each budget, SpecPC's prefill time against the full prefill's, and
+the KV bytes against the budget.
+
+  scripts/longctx_summary.py ROWS.jsonl [ROWS2.jsonl ...] [--min_full 0.2]
+"""
+
+import argparse
+import collections
+import json
+import math
+
+METHODS = ["speckv", "specpc", "draftmap", "snapkv", "streamingllm"]
+
+
+def wilson(p, k):
+  if k == 0:
+    return 0.0, 1.0
+  z = 1.96
+  centre = (p + z * z / (2 * k)) / (1 + z * z / k)
+  half = z * math.sqrt(p * (1 - p) / k + z * z / (4 * k * k)) / (1 + z * z / k)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def main():
+  ap = argparse.ArgumentParser()
+  ap.add_argument("rows", nargs="+")
+  ap.add_argument("--min_full", type=float, default=0.2,
+                  help="tasks whose full-KV accuracy is below this (at a length) are left out of "
+                  "the means: the model cannot do them")
+  args = ap.parse_args()
+  rows = [json.loads(line) for path in args.rows for line in open(path) if line.strip()]
+  acc = collections.defaultdict(list)
+  prefill = collections.defaultdict(list)
+  kv = collections.defaultdict(list)
+  for r in rows:
+    key = (r["task"], r["length"], r["method"], r["budget"], r["pop"])
+    acc[key].append(r["accuracy"])
+    prefill[key].append(r["prefill_s"])
+    kv[key].append(r["kv_bytes"])
+  mean = lambda xs: sum(xs) / len(xs)
+  tasks = sorted({k[0] for k in acc})
+  lengths = sorted({k[1] for k in acc})
+  budgets = sorted({k[3] for k in acc if k[2] != "full" and k[3] < 1})
+  pops = sorted({k[4] for k in acc})
+
+  print("### Accuracy per task (mean over samples; full KV with its 95% interval)\n")
+  header = "| task | length | POP | n | full | " + " | ".join(
+      f"{m} {b:g}" for b in budgets for m in METHODS) + " |"
+  print(header)
+  print("|" + " --- |" * (header.count("|") - 1))
+  for length in lengths:
+    for pop in pops:
+      for t in tasks:
+        full = acc.get((t, length, "full", 1.0, pop))
+        if not full:
+          continue
+        lo, hi = wilson(mean(full), len(full))
+        cells = []
+        for b in budgets:
+          for m in METHODS:
+            v = acc.get((t, length, m, b, pop))
+            cells.append(f"{mean(v):.2f}" if v else "")
+        print(f"| {t} | {length} | {'on' if pop else 'off'} | {len(full)} | "
+              f"{mean(full):.2f} [{lo:.2f}, {hi:.2f}] | " + " | ".join(cells) + " |")
+
+  print(f"\n### Share of the full-KV mean accuracy (tasks with full >= {args.min_full})\n")
+  print("| length | POP | tasks | full mean | " + " | ".join(
+      f"{m} {b:g}" for b in budgets for m in METHODS) + " |")
+  print("|" + " --- |" * (4 + len(budgets) * len(METHODS)))
+  for length in lengths:
+    for pop in pops:
+      kept = [t for t in tasks
+              if acc.get((t, length, "full", 1.0, pop))
+              and mean(acc[(t, length, "full", 1.0, pop)]) >= args.min_full]
+      if not kept:
+        continue
+      full_mean = mean([mean(acc[(t, length, "full", 1.0, pop)]) for t in kept])
+      cells = []
+      for b in budgets:
+        for m in METHODS:
+          vals = [mean(acc[(t, length, m, b, pop)]) for t in kept if (t, length, m, b, pop) in acc]
+          cells.append(f"{mean(vals) / full_mean:.2f}" if vals and full_mean > 0 else "")
+      print(f"| {length} | {'on' if pop else 'off'} | {', '.join(kept)} | {full_mean:.2f} | " +
+            " | ".join(cells) + " |")
+
+  print("\n### SpecPC's prefill time and every method's KV bytes, against the full KV's\n")
+  print("| length | POP | budget | SpecPC prefill / full | " + " | ".join(
+      f"{m} KV / full" for m in METHODS) + " |")
+  print("|" + " --- |" * (4 + len(METHODS)))
+  for length in lengths:
+    for pop in pops:
+      full_p = [x for t in tasks for x in prefill.get((t, length, "full", 1.0, pop), [])]
+      full_kv = [x for t in tasks for x in kv.get((t, length, "full", 1.0, pop), [])]
+      if not full_p:
+        continue
+      for b in budgets:
+        pc = [x for t in tasks for x in prefill.get((t, length, "specpc", b, pop), [])]
+        cells = []
+        for m in METHODS:
+          v = [x for t in tasks for x in kv.get((t, length, m, b, pop), [])]
+          cells.append(f"{mean(v) / mean(full_kv):.3f}" if v else "")
+        print(f"| {length} | {'on' if pop else 'off'} | {b:g} | "
+              f"{mean(pc) / mean(full_p):.2f} | " + " | ".join(cells) + " |"
+              if pc else f"| {length} | {'on' if pop else 'off'} | {b:g} | | " +
+              " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+  main()
