@@ -24,6 +24,7 @@
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
+#include "decode_node/greedy_from_kv.h"
 #include "prefill_node/prefill_engine.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -61,22 +62,11 @@ absl::StatusOr<std::vector<int32_t>> GenerateFrom(const PrefillOptions& o,
   d.model_path = o.model_path;
   d.precision = o.precision;
   ASSIGN_OR_RETURN(std::unique_ptr<DecodeEngine> engine, DecodeEngine::Create(d));
-  DecodeRequest req;
-  req.prompt = prompt;
-  req.max_tokens = max_tokens;
-  req.sampling.temperature = 0;
-  req.kv = std::make_shared<const KvSnapshot>(kv);
-  std::vector<int32_t> ids;
-  std::string error;
-  req.on_event = [&](const TokenEvent& e) {
-    if (e.token >= 0) ids.push_back(e.token);
-    if (e.finish == FinishReason::kError || e.finish == FinishReason::kCancelled) {
-      error = e.error.empty() ? FinishReasonName(e.finish) : e.error;
-    }
-  };
-  RETURN_IF_ERROR(engine->Submit(std::move(req)).status());
-  RETURN_IF_ERROR(engine->RunUntilIdle());
-  if (!error.empty()) return absl::InternalError(absl::StrCat("prefill --generate: ", error));
+  absl::StatusOr<std::vector<int32_t>> ids = GreedyFromKv(*engine, prompt, kv, max_tokens);
+  if (!ids.ok()) {
+    return absl::Status(ids.status().code(),
+                        absl::StrCat("prefill --generate: ", ids.status().message()));
+  }
   return ids;
 }
 

@@ -9,6 +9,7 @@
 #include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
 #include "common/util/status_macros.h"
+#include "decode_node/greedy_from_kv.h"
 #include "draft_node/specpc.h"
 #include "prefill_node/kv_trimming.h"
 #include "prefill_node/pop_config.h"
@@ -64,22 +65,7 @@ absl::StatusOr<std::unique_ptr<LongCtxEvaluator>> LongCtxEvaluator::Create(
 
 absl::StatusOr<std::string> LongCtxEvaluator::Generate(const std::vector<int32_t>& prompt,
                                                        const KvSnapshot& kv, int max_tokens) {
-  DecodeRequest req;
-  req.prompt = prompt;
-  req.max_tokens = max_tokens;
-  req.sampling.temperature = 0;
-  req.kv = std::make_shared<const KvSnapshot>(kv);
-  std::vector<int32_t> ids;
-  std::string error;
-  req.on_event = [&](const TokenEvent& e) {
-    if (e.token >= 0) ids.push_back(e.token);
-    if (e.finish == FinishReason::kError || e.finish == FinishReason::kCancelled) {
-      error = e.error.empty() ? FinishReasonName(e.finish) : e.error;
-    }
-  };
-  RETURN_IF_ERROR(decode_->Submit(std::move(req)).status());
-  RETURN_IF_ERROR(decode_->RunUntilIdle());
-  if (!error.empty()) return absl::InternalError(absl::StrCat("eval-longctx: decode: ", error));
+  ASSIGN_OR_RETURN(const std::vector<int32_t> ids, GreedyFromKv(*decode_, prompt, kv, max_tokens));
   return tokenizer_->Decode(ids);
 }
 
