@@ -1,6 +1,7 @@
 """`tripod eval-longctx` on one short sample (the bounded version of the evaluation in
 docs/draft.md): one JSON line per method, budget and POP setting; the KV bytes of every trimming
-method fall to the budget (within 2%); SpecPC prefills the kept tokens only; a budget of the whole
+method fall to the budget (within 2%); SpecPC prefills the kept tokens only (its KV is theirs;
+times are measured in the evaluation, not asserted here); a budget of the whole
 prompt leaves every method's output exactly the full KV's; shards merge into the same summary.
 """
 
@@ -44,7 +45,6 @@ def test_one_sample_through_every_method():
       if method == "specpc":
         # The kept prompt's KV: budget - 1 entries (its last token is decode's).
         want = full["kv_bytes"] * (r["budget_tokens"] - 1) / (n - 1)
-        assert r["prefill_s"] < full["prefill_s"], (r["prefill_s"], full["prefill_s"])
       else:
         want = full["kv_bytes"] * r["budget_tokens"] / (n - 1)
       assert abs(r["kv_bytes"] - want) <= 0.02 * want, (method, r["kv_bytes"], want)
