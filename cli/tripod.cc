@@ -44,6 +44,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0, "frequency penalty");
 ABSL_FLAG(uint64_t, seed, 0, "random seed");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(bool, stats, false, "print prefill and decode tokens/s to stderr");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu | cuda (generate, logits: bf16 weights and GEMMs on the GPU, f16 KV; --precision "
+          "is the CPU's)");
 ABSL_FLAG(std::string, precision, "auto",
           "fp32 (exact path) | bf16 | int16 | int8 (reduced precision) | auto (bf16 GEMMs if the "
           "CPU has them, int16 GEMVs for 1-3 rows)");
@@ -77,6 +80,7 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& s) {
 absl::StatusOr<std::unique_ptr<Session>> OpenSession() {
   SessionOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
+  o.backend = absl::GetFlag(FLAGS_backend);
   o.precision = absl::GetFlag(FLAGS_precision);
   o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   o.context_tokens = absl::GetFlag(FLAGS_context);

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -14,6 +15,7 @@
 #include "common/compute/cpu/attention.h"
 #include "common/compute/cpu/attention_scores.h"
 #include "common/kv/kv_layout.h"
+#include "common/kv/kv_memory.h"
 #include "common/model/gguf.h"
 
 namespace tripod {
@@ -102,6 +104,16 @@ class Backend {
   virtual void AttentionScores(std::span<const AttentionScoreArgs> seqs) = 0;
   // Copies n floats from backend memory to host memory (logits out).
   virtual void ToHost(const float* src, size_t n, float* host_dst) = 0;
+  // Copies n floats from host memory to backend memory (RoPE angles in). The host memory may be
+  // reused as soon as the call returns.
+  virtual void FromHost(const float* host_src, size_t n, float* dst) = 0;
+  // Waits until every op enqueued so far has finished (for timing; the CPU's ops are
+  // synchronous).
+  virtual void Synchronize() {}
+  // Where KV stores for this backend keep their bytes: nullopt for host memory (the CPU), else
+  // the backend's own (device) memory, which the kernels read through KvLayerRef. Host code must
+  // not touch K/V bytes of such a store.
+  virtual std::optional<KvMemory> DeviceKvMemory() { return std::nullopt; }
 };
 
 }  // namespace tripod

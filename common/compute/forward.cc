@@ -177,12 +177,21 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
   const int half = c.rope_dims / 2;
   float* rc = ws.Get(kRopeCos, size_t{1} * T * half);
   float* rs = ws.Get(kRopeSin, size_t{1} * T * half);
-  for (int t = 0; t < T; ++t) {
-    for (int i = 0; i < half; ++i) {
-      const double a = static_cast<double>(batch.positions[t]) * model.rope_inv_freq[i];
-      rc[t * half + i] = static_cast<float>(std::cos(a));
-      rs[t * half + i] = static_cast<float>(std::sin(a));
+  {
+    // Computed on the host and copied in: the buffers may be device memory.
+    thread_local std::vector<float> host;
+    host.resize(size_t{2} * T * half);
+    float* hc = host.data();
+    float* hs = hc + size_t{1} * T * half;
+    for (int t = 0; t < T; ++t) {
+      for (int i = 0; i < half; ++i) {
+        const double a = static_cast<double>(batch.positions[t]) * model.rope_inv_freq[i];
+        hc[t * half + i] = static_cast<float>(std::cos(a));
+        hs[t * half + i] = static_cast<float>(std::sin(a));
+      }
     }
+    backend.FromHost(hc, size_t{1} * T * half, rc);
+    backend.FromHost(hs, size_t{1} * T * half, rs);
   }
   const RopeAngles angles{rc, rs, c.rope_dims, c.traits.rope_style == RopeStyle::kHalves};
 

@@ -89,6 +89,13 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
   ASSIGN_OR_RETURN(m->config, ReadModelConfig(*m->gguf));
   ASSIGN_OR_RETURN(m->weights, BindWeights(*m->gguf, m->config, selection));
   m->selection = selection;
+  RETURN_IF_ERROR(PrepareModel(*m, backend));
+  return m;
+}
+
+absl::Status PrepareModel(LoadedModel& model, Backend& backend) {
+  LoadedModel* m = &model;
+  const WeightSelection& selection = m->selection;
   const ModelConfig& c = m->config;
 
   std::vector<float> factors;
@@ -180,8 +187,10 @@ absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, 
     const GgufTensorInfo* head[] = {m->weights.output.tensor};
     ASSIGN_OR_RETURN(m->output, prepare(head));
   }
-  for (const GgufTensorInfo* t : copied) m->gguf->ReleasePages(*t);
-  return m;
+  if (m->gguf) {
+    for (const GgufTensorInfo* t : copied) m->gguf->ReleasePages(*t);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tripod

@@ -17,8 +17,8 @@ namespace tripod {
 
 struct PreparedLayer {
   std::unique_ptr<PreparedVector> attn_norm, ffn_norm;
-  std::unique_ptr<PreparedMatrix> qkv;   // [q_dim + 2 kv_dim, d]  (kFull)
-  std::unique_ptr<PreparedMatrix> kv;    // [2 kv_dim, d]          (kKvOnly)
+  std::unique_ptr<PreparedMatrix> qkv;  // [q_dim + 2 kv_dim, d]  (kFull)
+  std::unique_ptr<PreparedMatrix> kv;   // [2 kv_dim, d]          (kKvOnly)
   // kKvOnly with WeightSelection::kv_only_queries: [q_dim, d] and its Qwen2 bias [q_dim]
   std::unique_ptr<PreparedMatrix> q;
   std::unique_ptr<PreparedVector> bq;
@@ -30,7 +30,7 @@ struct PreparedLayer {
 };
 
 struct LoadedModel {
-  std::unique_ptr<GgufFile> gguf;
+  std::unique_ptr<GgufFile> gguf;  // null for a model without a file (PrepareModel)
   ModelConfig config;
   ModelWeights weights;
   WeightSelection selection;
@@ -49,6 +49,12 @@ struct LoadedModel {
 // Opens `path` and prepares what `selection` needs on `backend` (which must outlive the model).
 absl::StatusOr<std::unique_ptr<LoadedModel>> LoadModel(const std::string& path, Backend& backend,
                                                        const WeightSelection& selection = {});
+
+// The preparation step of LoadModel, for a model whose config, weights (bound tensors) and
+// selection are set: RoPE frequencies, the K/V stack and every prepared layer. A model without
+// a file (gguf null; tensors the caller owns, possibly without bytes) is prepared the same way:
+// that is how a benchmark runs a shape-only model on a backend that makes its own weights.
+absl::Status PrepareModel(LoadedModel& model, Backend& backend);
 
 // The RoPE inverse frequencies: theta^(-2i/d), with Llama 3 scaling or rope_freqs divisors.
 std::vector<float> RopeInvFreq(const ModelConfig& config, const float* freq_factors);

@@ -26,8 +26,10 @@ struct OpTotals {
 
 class ProfilingBackend final : public Backend {
  public:
-  ProfilingBackend(std::unique_ptr<Backend> inner, std::FILE* out)
-      : inner_(std::move(inner)), out_(out) {}
+  ProfilingBackend(std::unique_ptr<Backend> inner, std::FILE* out, bool synchronize)
+      : owned_(std::move(inner)), inner_(owned_.get()), out_(out), synchronize_(synchronize) {}
+  ProfilingBackend(Backend& inner, std::FILE* out, bool synchronize)
+      : inner_(&inner), out_(out), synchronize_(synchronize) {}
 
   ~ProfilingBackend() override { Print(); }
 
@@ -106,12 +108,19 @@ class ProfilingBackend final : public Backend {
   void ToHost(const float* src, size_t n, float* host_dst) override {
     Timed("to_host", 1, [&] { inner_->ToHost(src, n, host_dst); });
   }
+  void FromHost(const float* host_src, size_t n, float* dst) override {
+    Timed("from_host", 1, [&] { inner_->FromHost(host_src, n, dst); });
+  }
+  std::optional<KvMemory> DeviceKvMemory() override { return inner_->DeviceKvMemory(); }
+  void Synchronize() override { inner_->Synchronize(); }
 
  private:
   template <class F>
   void Timed(const std::string& op, int64_t rows, F&& f) {
+    if (synchronize_) inner_->Synchronize();
     const Clock::time_point t0 = Clock::now();
     f();
+    if (synchronize_) inner_->Synchronize();
     OpTotals& t = totals_[op];
     t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
     ++t.calls;
@@ -134,15 +143,21 @@ class ProfilingBackend final : public Backend {
     std::fflush(out_);
   }
 
-  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<Backend> owned_;  // null for a view of a backend owned elsewhere
+  Backend* inner_;
   std::FILE* out_;
+  bool synchronize_;
   std::map<std::string, OpTotals> totals_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> MakeProfilingBackend(std::unique_ptr<Backend> inner, std::FILE* out) {
-  return std::make_unique<ProfilingBackend>(std::move(inner), out);
+  return std::make_unique<ProfilingBackend>(std::move(inner), out, /*synchronize=*/false);
+}
+
+std::unique_ptr<Backend> MakeSynchronizedProfile(Backend& inner, std::FILE* out) {
+  return std::make_unique<ProfilingBackend>(inner, out, /*synchronize=*/true);
 }
 
 std::unique_ptr<Backend> MaybeProfile(std::unique_ptr<Backend> inner) {

@@ -17,6 +17,11 @@ namespace tripod {
 std::unique_ptr<Backend> MakeProfilingBackend(std::unique_ptr<Backend> inner,
                                               std::FILE* out = stderr);
 
+// A profiler over `inner` (owned elsewhere, outliving it) that waits for the backend before and
+// after each op, so that an asynchronous backend's (the GPU's) ops are timed one by one. The
+// waits themselves slow the whole down: for taking a step apart, not for its total.
+std::unique_ptr<Backend> MakeSynchronizedProfile(Backend& inner, std::FILE* out = stdout);
+
 // `inner` itself, or wrapped when TRIPOD_PROFILE is set to anything but "" or "0".
 std::unique_ptr<Backend> MaybeProfile(std::unique_ptr<Backend> inner);
 

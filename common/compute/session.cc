@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/cuda/cuda_backend.h"
 #include "common/compute/profiling_backend.h"
 #include "common/kv/kv_dtype.h"
 #include "common/util/status_macros.h"
@@ -18,18 +19,36 @@ absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& opt
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
   ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
-  s->backend_ = MaybeProfile(MakeCpuBackend(cpu));
+  KvDtype default_kv = cpu.kv;
+  if (options.backend == "cuda") {
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend());
+    s->backend_ = MaybeProfile(std::move(gpu));
+    default_kv = KvDtype::kF16;
+  } else if (options.backend == "cpu") {
+    s->backend_ = MaybeProfile(MakeCpuBackend(cpu));
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown backend '", options.backend, "' (cpu | cuda)"));
+  }
+  KvLayout layout;
+  ASSIGN_OR_RETURN(layout.dtype, ParseKvDtype(options.kv_cache_dtype, default_kv));
+  if (options.backend == "cuda" && layout.dtype == KvDtype::kQ8_0) {
+    return absl::InvalidArgumentError("the CUDA backend keeps K/V as f32, f16 or bf16, not q8_0");
+  }
   ASSIGN_OR_RETURN(s->model_,
                    LoadModel(options.model_path.empty() ? BundledModelPath() : options.model_path,
                              *s->backend_));
   const ModelConfig& c = s->model_->config;
-  KvLayout layout;
+  if (options.backend == "cuda" && !CudaSupportsHeadDim(c.head_dim)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the CUDA attention kernels cover head_dim 64 and 128; this model has ", c.head_dim));
+  }
   layout.n_layers = c.n_layers;
   layout.n_kv_heads = c.n_kv_heads;
   layout.head_dim = c.head_dim;
-  ASSIGN_OR_RETURN(layout.dtype, ParseKvDtype(options.kv_cache_dtype, cpu.kv));
   const int ctx = options.context_tokens > 0 ? options.context_tokens : c.context_length;
-  ASSIGN_OR_RETURN(s->kv_, ContiguousKvCache::Create(layout, 1, ctx));
+  ASSIGN_OR_RETURN(s->kv_,
+                   ContiguousKvCache::Create(layout, 1, ctx, s->backend_->DeviceKvMemory()));
   s->ws_ = std::make_unique<ForwardWorkspace>(*s->backend_);
   s->plan_ = ForwardPlan::Full(c.n_layers);
   return s;

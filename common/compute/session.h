@@ -19,7 +19,9 @@ namespace tripod {
 
 struct SessionOptions {
   std::string model_path;          // empty: BundledModelPath()
-  std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision)
+  std::string backend = "cpu";     // cpu | cuda (bf16 weights and GEMMs on the GPU; f16 KV)
+  std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision;
+                                   // the CPU backend's)
   // KV element type: auto (the precision's: f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0.
   std::string kv_cache_dtype = "auto";
   int context_tokens = 0;  // 0: the model's context length

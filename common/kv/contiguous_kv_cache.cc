@@ -8,9 +8,9 @@
 
 namespace tripod {
 
-absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(const KvLayout& layout,
-                                                                             int n_seqs,
-                                                                             int capacity_tokens) {
+absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(
+    const KvLayout& layout, int n_seqs, int capacity_tokens,
+    const std::optional<KvMemory>& device) {
   if (n_seqs <= 0 || capacity_tokens <= 0 || layout.n_layers <= 0) {
     return absl::InvalidArgumentError("KV cache needs at least one sequence, slot and layer");
   }
@@ -28,16 +28,29 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(con
   if (total > (size_t{64} << 30)) {
     return absl::ResourceExhaustedError(absl::StrCat("KV cache of ", total, " bytes is too large"));
   }
-  ASSIGN_OR_RETURN(c->storage_, HugePageBuffer::Allocate(total));  // zeroed
+  if (device) {
+    c->device_storage_ = device->alloc(total);  // zeroed
+    if (c->device_storage_ == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV cache of ", total, " bytes does not fit in device memory"));
+    }
+    c->device_free_ = device->free;
+  } else {
+    ASSIGN_OR_RETURN(c->storage_, HugePageBuffer::Allocate(total));  // zeroed
+  }
   c->bytes_ = total;
   return c;
+}
+
+ContiguousKvCache::~ContiguousKvCache() {
+  if (device_storage_ != nullptr) device_free_(device_storage_);
 }
 
 KvLayerRef ContiguousKvCache::Layer(int32_t kv_seq, int layer) {
   KvLayerRef r;
   const size_t half = block_bytes_ * n_blocks_;  // one layer's K (or V) blocks
-  uint8_t* base =
-      storage_.data() + (static_cast<size_t>(kv_seq) * layout_.n_layers + layer) * 2 * half;
+  uint8_t* base = (device_storage_ != nullptr ? device_storage_ : storage_.data()) +
+                  (static_cast<size_t>(kv_seq) * layout_.n_layers + layer) * 2 * half;
   r.k_base = base;
   r.v_base = base + half;
   r.block_ids = block_ids_.data();

@@ -9,9 +9,11 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kv/kv_memory.h"
 #include "common/kv/kv_store.h"
 #include "common/util/huge_pages.h"
 
@@ -19,9 +21,12 @@ namespace tripod {
 
 class ContiguousKvCache final : public KvStore {
  public:
-  // Room for n_seqs sequences of capacity_tokens slots each.
-  static absl::StatusOr<std::unique_ptr<ContiguousKvCache>> Create(const KvLayout& layout,
-                                                                   int n_seqs, int capacity_tokens);
+  // Room for n_seqs sequences of capacity_tokens slots each, in host memory, or in `device`'s
+  // memory when given (a GPU backend's DeviceKvMemory).
+  static absl::StatusOr<std::unique_ptr<ContiguousKvCache>> Create(
+      const KvLayout& layout, int n_seqs, int capacity_tokens,
+      const std::optional<KvMemory>& device = std::nullopt);
+  ~ContiguousKvCache() override;
   KvLayout layout() const override { return layout_; }
   KvLayerRef Layer(int32_t kv_seq, int layer) override;
   int capacity_tokens() const { return capacity_; }
@@ -36,7 +41,9 @@ class ContiguousKvCache final : public KvStore {
   int n_blocks_ = 0;
   size_t block_bytes_ = 0;
   size_t bytes_ = 0;
-  HugePageBuffer storage_;          // [seq][layer][K|V][block], on huge pages
+  HugePageBuffer storage_;             // [seq][layer][K|V][block], on huge pages
+  uint8_t* device_storage_ = nullptr;  // the same in device memory (then storage_ is empty)
+  std::function<void(uint8_t*)> device_free_;
   std::vector<int32_t> block_ids_;  // 0, 1, ..., n_blocks_ - 1
 };
 

@@ -391,6 +391,9 @@ class CpuBackend final : public Backend {
   void ToHost(const float* src, size_t n, float* dst) override {
     std::memcpy(dst, src, n * sizeof(float));
   }
+  void FromHost(const float* src, size_t n, float* dst) override {
+    std::memcpy(dst, src, n * sizeof(float));
+  }
 
  private:
   CpuBackendOptions opts_;

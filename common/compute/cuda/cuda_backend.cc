@@ -1,0 +1,503 @@
+// CudaBackend; see cuda_backend.h. Host side: weight preparation, buffers, cuBLAS, and the
+// Backend calls turned into the launchers of cuda_kernels.h.
+#include "common/compute/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/compute/cuda/cuda_kernels.h"
+#include "common/model/quant_types.h"
+
+namespace tripod {
+namespace {
+
+// Backend ops return nothing: a failed CUDA call there is a broken device or a bug, and the
+// process stops with the call and the driver's message.
+#define TRIPOD_CUDA_CHECK(expr)                                                        \
+  do {                                                                                 \
+    const cudaError_t err_ = (expr);                                                   \
+    if (err_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "CUDA error at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cudaGetErrorString(err_));                                          \
+      std::abort();                                                                    \
+    }                                                                                  \
+  } while (0)
+#define TRIPOD_CUBLAS_CHECK(expr)                                                        \
+  do {                                                                                   \
+    const cublasStatus_t st_ = (expr);                                                   \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                  \
+      std::fprintf(stderr, "cuBLAS error at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                   cublasGetStatusString(st_));                                          \
+      std::abort();                                                                      \
+    }                                                                                    \
+  } while (0)
+
+[[noreturn]] void Fatal(const std::string& what) {
+  std::fprintf(stderr, "CUDA backend: %s\n", what.c_str());
+  std::abort();
+}
+
+uint16_t HostBf16(float f) {  // round to nearest even, as the device's __float2bfloat16_rn
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+struct DeviceBuffer {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DeviceBuffer(size_t n) : bytes(n) {
+    if (n > 0) TRIPOD_CUDA_CHECK(cudaMalloc(&p, n));
+  }
+  ~DeviceBuffer() {
+    if (p != nullptr) cudaFree(p);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+class CudaMatrix final : public PreparedMatrix {
+ public:
+  CudaMatrix(int64_t n, int64_t k, std::shared_ptr<DeviceBuffer> w)
+      : n_(n), k_(k), w_(std::move(w)) {}
+  int64_t n() const override { return n_; }
+  int64_t k() const override { return k_; }
+  size_t resident_bytes() const override { return size_t{2} * n_ * k_; }
+  const uint16_t* w() const { return static_cast<const uint16_t*>(w_->p); }
+
+ private:
+  int64_t n_, k_;
+  std::shared_ptr<DeviceBuffer> w_;
+};
+
+class CudaVector final : public PreparedVector {
+ public:
+  CudaVector(int64_t n, std::unique_ptr<DeviceBuffer> v) : n_(n), v_(std::move(v)) {}
+  int64_t size() const override { return n_; }
+  const float* data() const override { return static_cast<const float*>(v_->p); }  // device
+
+ private:
+  int64_t n_;
+  std::unique_ptr<DeviceBuffer> v_;
+};
+
+// A scratch device buffer that only grows (growing frees the old one; cudaFree waits for the
+// device, so nothing enqueued still uses it).
+struct Scratch {
+  std::unique_ptr<DeviceBuffer> buf;
+  void* Get(size_t bytes) {
+    if (!buf || buf->bytes < bytes)
+      buf = std::make_unique<DeviceBuffer>(std::max(bytes, size_t{256}) * 3 / 2);
+    return buf->p;
+  }
+};
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    TRIPOD_CUDA_CHECK(cudaSetDevice(device));
+    cudaDeviceProp prop;
+    TRIPOD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+    name_ = absl::StrCat("cuda:", device, " (", prop.name, ")");
+    sm_count_ = prop.multiProcessorCount;
+    TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TRIPOD_CUBLAS_CHECK(cublasCreate(&cublas_));
+    TRIPOD_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+  }
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    tables_.clear();
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string name() const override { return name_; }
+
+  float* Alloc(size_t floats) override {
+    void* p = nullptr;
+    TRIPOD_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(floats, 1) * sizeof(float)));
+    return static_cast<float*>(p);
+  }
+  void Free(float* p) override { TRIPOD_CUDA_CHECK(cudaFree(p)); }
+
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
+      std::span<const GgufTensorInfo* const> parts) override {
+    if (parts.size() == 1) {
+      // One tensor may serve twice (a tied head is the embedding table): one device copy.
+      std::shared_ptr<DeviceBuffer> t = Table(*parts[0], /*keep=*/false);
+      return std::make_unique<CudaMatrix>(parts[0]->rows(), parts[0]->cols(), std::move(t));
+    }
+    return Upload(parts, {});
+  }
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
+      std::span<const GgufTensorInfo* const> parts,
+      std::span<const float* const> col_scales) override {
+    return Upload(parts, col_scales);
+  }
+  absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(const GgufTensorInfo& t) override {
+    const int64_t n = static_cast<int64_t>(t.n_elements);
+    std::vector<float> host(n, 1.0f);  // a tensor without bytes: ones (norm weights)
+    if (t.data != nullptr) DequantizeRow(t.type, t.data, host.data(), n);
+    auto buf = std::make_unique<DeviceBuffer>(sizeof(float) * n);
+    TRIPOD_CUDA_CHECK(
+        cudaMemcpyAsync(buf->p, host.data(), sizeof(float) * n, cudaMemcpyHostToDevice, stream_));
+    TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return std::make_unique<CudaVector>(n, std::move(buf));
+  }
+  bool CopiesWeights() const override { return true; }
+
+  void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
+             int64_t ld_out) override {
+    std::shared_ptr<DeviceBuffer> t = Table(table, /*keep=*/true);
+    const int32_t* d_ids = UploadInts(ids, ids_);
+    cuda::Embed(static_cast<const uint16_t*>(t->p), static_cast<int>(table.cols()), d_ids,
+                static_cast<int>(ids.size()), out, ld_out, stream_);
+  }
+  void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
+               float* y, int64_t ldy) override {
+    cuda::RmsNorm(x, ldx, w.data(), m, n, eps, y, ldy, stream_);
+  }
+  void Linear(const PreparedMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+              bool accumulate) override {
+    if (m <= 0) return;
+    const auto& cw = static_cast<const CudaMatrix&>(w);
+    const int n = static_cast<int>(cw.n()), k = static_cast<int>(cw.k());
+    // A few rows (decode): our bandwidth-bound kernel on the fp32 activations as they are.
+    if (cuda::Gemv(cw.w(), n, k, x, ldx, m, y, ldy, accumulate, stream_)) return;
+    auto* xb = static_cast<uint16_t*>(act_.Get(sizeof(uint16_t) * m * k));
+    cuda::ToBf16(x, ldx, m, k, xb, stream_);
+    // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(op) x^T.
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    TRIPOD_CUBLAS_CHECK(cublasGemmEx(
+        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, cw.w(), CUDA_R_16BF, k, xb, CUDA_R_16BF,
+        k, &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
+    cuda::AddBias(x, ldx, b.data(), m, n, stream_);
+  }
+  void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
+                 int64_t ldy) override {
+    cuda::AddScaled(x, ldx, alpha, m, n, y, ldy, stream_);
+  }
+  void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim, const RopeAngles& a) override {
+    cuda::Rope(x, ldx, m, n_heads, head_dim, a.cos, a.sin, a.rope_dims, a.halves, stream_);
+  }
+  void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
+    cuda::SwiGlu(gu, ldgu, m, n, out, ldo, stream_);
+  }
+  void GatherRows(const float* src, int64_t lds, std::span<const int32_t> src_rows, int n,
+                  float* dst, int64_t ldd) override {
+    const int32_t* rows = UploadInts(src_rows, rows_);
+    cuda::GatherRows(src, lds, rows, static_cast<int>(src_rows.size()), n, dst, ldd, stream_);
+  }
+
+  void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
+               const KvLayerRef& kv, int64_t slot_begin) override {
+    if (m <= 0) return;
+    ReserveTables(BlocksOf(kv, slot_begin + m));
+    const cuda::KvView view = View(kv, head_dim, slot_begin + m);
+    cuda::WriteKv(k, v, m, ld, n_kv_heads, head_dim, view, slot_begin, stream_);
+  }
+
+  void Attention(std::span<const AttentionArgs> seqs) override {
+    for (size_t begin = 0; begin < seqs.size(); begin += cuda::kMaxAttnSeqs) {
+      const size_t n = std::min<size_t>(cuda::kMaxAttnSeqs, seqs.size() - begin);
+      cuda::AttnBatch b;
+      size_t blocks = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const AttentionArgs& a = seqs[begin + i];
+        blocks += BlocksOf(a.kv, int64_t{a.n_past} + a.n_q);
+      }
+      ReserveTables(blocks);
+      for (size_t i = 0; i < n; ++i) {
+        const AttentionArgs& a = seqs[begin + i];
+        if (i == 0) {
+          b.n_heads = a.n_heads;
+          b.n_kv_heads = a.n_kv_heads;
+          b.head_dim = a.head_dim;
+          b.scale = a.scale;
+        } else if (a.n_heads != b.n_heads || a.n_kv_heads != b.n_kv_heads ||
+                   a.head_dim != b.head_dim || a.scale != b.scale) {
+          Fatal("attention: sequences of one call differ in head shape");
+        }
+        cuda::AttnSeq& s = b.seqs[b.n_seqs++];
+        s.q = a.q;
+        s.out = a.out;
+        s.q_stride = a.q_stride;
+        s.out_stride = a.out_stride;
+        s.n_q = a.n_q;
+        s.n_past = a.n_past;
+        s.kv = View(a.kv, a.head_dim, int64_t{a.n_past} + a.n_q);
+        b.max_n_q = std::max(b.max_n_q, a.n_q);
+      }
+      // Decode with few sequences fills few blocks (one per sequence and KV head): split each
+      // query's slots so that the grid covers the GPU about twice, in shares of 2+ tiles.
+      if (b.max_n_q == 1) {
+        int max_slots = 0;
+        for (int i = 0; i < b.n_seqs; ++i) max_slots = std::max(max_slots, b.seqs[i].n_past + 1);
+        const int blocks = b.n_seqs * b.n_kv_heads;
+        const int by_size = std::max(1, max_slots / 64);
+        b.splits = std::clamp(2 * sm_count_ / std::max(blocks, 1), 1, std::min(by_size, 64));
+        if (b.splits > 1) {
+          b.partial = static_cast<float*>(
+              partial_.Get(sizeof(float) * b.n_seqs * b.n_heads * b.splits * (b.head_dim + 2)));
+        }
+      }
+      if (!cuda::Attention(b, stream_)) {
+        Fatal(absl::StrCat("attention: head_dim ", b.head_dim, " with ", b.n_heads, " heads over ",
+                           b.n_kv_heads,
+                           " KV heads is not covered (head_dim 64 or 128, at most "
+                           "16 query heads per KV head)"));
+      }
+    }
+  }
+
+  void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
+    for (const AttentionScoreArgs& a : seqs) {
+      if (a.n_q == 0 || a.n_keys == 0) continue;
+      ReserveTables(BlocksOf(a.kv, a.n_keys));
+      cuda::ScoreArgs s;
+      s.q = a.q;
+      s.q_stride = a.q_stride;
+      s.n_q = a.n_q;
+      s.q_slot0 = a.q_slot0;
+      s.n_keys = a.n_keys;
+      s.n_heads = a.n_heads;
+      s.n_kv_heads = a.n_kv_heads;
+      s.head_dim = a.head_dim;
+      s.scale = a.scale;
+      s.ramp = a.ramp_weights;
+      s.kv = View(a.kv, a.head_dim, a.n_keys);
+      const size_t cells = size_t{1} * a.n_kv_heads * a.n_keys;
+      auto* dev = static_cast<float*>(
+          scores_.Get(sizeof(float) * (2 * cells + 2 * size_t{1} * a.n_q * a.n_heads)));
+      cuda::AttentionScores(s, dev + 2 * cells, dev, dev + cells, stream_);
+      std::vector<float> host(2 * cells);
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(host.data(), dev, sizeof(float) * 2 * cells,
+                                        cudaMemcpyDeviceToHost, stream_));
+      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      for (size_t i = 0; i < cells; ++i) {
+        if (a.max_out != nullptr) a.max_out[i] = std::max(a.max_out[i], host[i]);
+        if (a.sum_out != nullptr) a.sum_out[i] += host[cells + i];
+      }
+    }
+  }
+
+  void ToHost(const float* src, size_t n, float* host_dst) override {
+    TRIPOD_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void FromHost(const float* host_src, size_t n, float* dst) override {
+    // From pageable memory the copy is staged before the call returns (the source may change).
+    TRIPOD_CUDA_CHECK(
+        cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
+  }
+
+  void Synchronize() override { TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  std::optional<KvMemory> DeviceKvMemory() override {
+    KvMemory m;
+    m.alloc = [stream = stream_](size_t bytes) -> uint8_t* {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();  // clear it: the caller reports the shortage
+        return nullptr;
+      }
+      TRIPOD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream));
+      return static_cast<uint8_t*>(p);
+    };
+    m.free = [](uint8_t* p) { cudaFree(p); };
+    return m;
+  }
+
+ private:
+  // One tensor's bf16 copy on the device, shared by its users (a tied head is the embedding
+  // table). Embed keeps its tables for the backend's life (nothing else owns them); a matrix's
+  // copy lives as long as the matrix. An entry is trusted only for the same bytes and shape.
+  std::shared_ptr<DeviceBuffer> Table(const GgufTensorInfo& t, bool keep) {
+    TableEntry& e = tables_[&t];
+    std::shared_ptr<DeviceBuffer> buf = e.buf.lock();
+    if (!buf || e.data != t.data || e.rows != t.rows() || e.cols != t.cols()) {
+      const GgufTensorInfo* parts[] = {&t};
+      buf = UploadBuffer(parts, {});
+      e = TableEntry{buf, t.data, t.rows(), t.cols(), nullptr};
+    }
+    if (keep) e.kept = buf;
+    return buf;
+  }
+
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> Upload(
+      std::span<const GgufTensorInfo* const> parts, std::span<const float* const> col_scales) {
+    if (parts.empty()) return absl::InvalidArgumentError("no tensors to prepare");
+    int64_t n = 0;
+    const int64_t k = parts[0]->cols();
+    for (const GgufTensorInfo* t : parts) {
+      if (t->cols() != k) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stacked tensors differ in width: ", t->name, " has ", t->cols()));
+      }
+      n += t->rows();
+    }
+    return std::make_unique<CudaMatrix>(n, k, UploadBuffer(parts, col_scales));
+  }
+
+  // Stacks the parts' rows as bf16 in one device buffer: dequantised on the host in chunks of
+  // rows (column scales applied), or seeded random values made on the device for a tensor
+  // without bytes (standard deviation 1/sqrt(k), so that activations keep their scale).
+  std::shared_ptr<DeviceBuffer> UploadBuffer(std::span<const GgufTensorInfo* const> parts,
+                                             std::span<const float* const> col_scales) {
+    int64_t n = 0;
+    const int64_t k = parts[0]->cols();
+    for (const GgufTensorInfo* t : parts) n += t->rows();
+    auto buf = std::make_shared<DeviceBuffer>(sizeof(uint16_t) * n * k);
+    auto* dst = static_cast<uint16_t*>(buf->p);
+    std::vector<float> rowf(k);
+    std::vector<uint16_t> chunk;
+    int64_t row0 = 0;
+    for (size_t p = 0; p < parts.size(); ++p) {
+      const GgufTensorInfo& t = *parts[p];
+      const int64_t rows = t.rows();
+      if (t.data == nullptr) {
+        cuda::FillRandomBf16(dst + row0 * k, rows * k, ++seed_,
+                             1.0f / std::sqrt(static_cast<float>(k)), stream_);
+        row0 += rows;
+        continue;
+      }
+      const size_t row_bytes = t.n_bytes / static_cast<size_t>(rows);
+      const float* scale = col_scales.empty() ? nullptr : col_scales[p];
+      const int64_t chunk_rows = std::max<int64_t>(1, (int64_t{1} << 22) / k);
+      for (int64_t r = 0; r < rows; r += chunk_rows) {
+        const int64_t nr = std::min(chunk_rows, rows - r);
+        chunk.resize(nr * k);
+        for (int64_t i = 0; i < nr; ++i) {
+          DequantizeRow(t.type, t.data + (r + i) * row_bytes, rowf.data(), k);
+          for (int64_t j = 0; j < k; ++j) {
+            chunk[i * k + j] = HostBf16(scale != nullptr ? rowf[j] * scale[j] : rowf[j]);
+          }
+        }
+        // On the backend's stream (which the legacy stream's copies would not order with);
+        // the chunk is reused only after the stream caught up.
+        TRIPOD_CUDA_CHECK(cudaMemcpyAsync(dst + (row0 + r) * k, chunk.data(),
+                                          sizeof(uint16_t) * nr * k, cudaMemcpyHostToDevice,
+                                          stream_));
+        TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      row0 += rows;
+    }
+    TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    return buf;
+  }
+
+  const int32_t* UploadInts(std::span<const int32_t> v, Scratch& where) {
+    auto* d = static_cast<int32_t*>(where.Get(sizeof(int32_t) * std::max<size_t>(v.size(), 1)));
+    if (!v.empty()) {
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(d, v.data(), sizeof(int32_t) * v.size(),
+                                        cudaMemcpyHostToDevice, stream_));
+    }
+    return d;
+  }
+
+  // KvLayerRef -> KvView. A block table that maps block b to b (a contiguous cache) needs none on
+  // the device; another table's blocks up to `slots` are copied into this call's table space.
+  cuda::KvView View(const KvLayerRef& kv, int head_dim, int64_t slots) {
+    if (kv.dtype == KvDtype::kQ8_0) Fatal("KV dtype q8_0 is not supported on CUDA");
+    cuda::KvView v;
+    v.k_base = kv.k_base;
+    v.v_base = kv.v_base;
+    v.block_bytes = static_cast<int64_t>(kv.block_bytes);
+    v.block_tokens = kv.block_tokens;
+    v.dtype = static_cast<int>(kv.dtype);
+    v.first_visible = kv.first_visible_slot;
+    v.k_tiled = kv.k_tiled(head_dim) ? 1 : 0;
+    if (kv.block_tokens > 0 && (kv.block_tokens & (kv.block_tokens - 1)) == 0) {
+      v.bt_shift = __builtin_ctz(static_cast<unsigned>(kv.block_tokens));
+    }
+    const int64_t blocks = static_cast<int64_t>(BlocksOf(kv, slots));
+    bool identity = true;
+    for (int64_t b = 0; b < blocks && identity; ++b) identity = kv.block_ids[b] == b;
+    if (!identity) {
+      table_host_.assign(kv.block_ids, kv.block_ids + blocks);
+      // Each view of one call gets its own stretch of the table space (ReserveTables).
+      if (!block_tables_.buf || block_tables_.buf->bytes < (tables_used_ + blocks) * 4) {
+        Fatal("block table space was not reserved for this call");
+      }
+      int32_t* d = static_cast<int32_t*>(block_tables_.buf->p) + tables_used_;
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(d, table_host_.data(), sizeof(int32_t) * blocks,
+                                        cudaMemcpyHostToDevice, stream_));
+      tables_used_ += blocks;
+      v.block_ids = d;
+    }
+    return v;
+  }
+
+  // Room for `blocks` block ids of non-contiguous tables, for the views of the call that starts
+  // (growing it waits for the device: cudaFree of the old space).
+  void ReserveTables(size_t blocks) {
+    tables_used_ = 0;
+    block_tables_.Get(std::max<size_t>(blocks, 1024) * sizeof(int32_t));
+  }
+  static size_t BlocksOf(const KvLayerRef& kv, int64_t slots) {
+    return static_cast<size_t>(
+        std::min<int64_t>(kv.n_blocks, (slots + kv.block_tokens - 1) / kv.block_tokens));
+  }
+
+  int device_;
+  std::string name_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  Scratch act_, ids_, rows_, scores_, block_tables_, partial_;
+  int sm_count_ = 1;
+  size_t tables_used_ = 0;
+  std::vector<int32_t> table_host_;
+  struct TableEntry {
+    std::weak_ptr<DeviceBuffer> buf;
+    const uint8_t* data = nullptr;
+    int64_t rows = 0, cols = 0;
+    std::shared_ptr<DeviceBuffer> kept;
+  };
+  std::map<const GgufTensorInfo*, TableEntry> tables_;
+  uint64_t seed_ = 0x5eed;
+};
+
+}  // namespace
+
+std::string CudaUnavailableReason() {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    return absl::StrCat("no usable CUDA device: ", cudaGetErrorString(err));
+  }
+  if (n == 0) return "no CUDA device on this machine";
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
+  if (std::string why = CudaUnavailableReason(); !why.empty()) {
+    return absl::UnavailableError(why);
+  }
+  int n = 0;
+  cudaGetDeviceCount(&n);
+  if (options.device < 0 || options.device >= n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA device ", options.device, " does not exist (", n, " found)"));
+  }
+  return std::make_unique<CudaBackend>(options.device);
+}
+
+bool CudaSupportsHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+}  // namespace tripod
