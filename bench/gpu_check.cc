@@ -420,7 +420,13 @@ void CheckAttention(Backend& be, const AttnCase& c) {
     q0 += nq;
   }
   be.Attention(args);
-  Report(c.name + ": attention", RelErr(dout.Host(), ref), 2e-5);
+  // Prefill batches of 2-byte caches take the tensor-core kernel, whose operands (q, and the
+  // probabilities; K/V of a bf16 cache too) are rounded to f16.
+  int max_q = 0;
+  for (auto [past, nq] : c.seqs) max_q = std::max(max_q, nq);
+  double tol = 2e-5;
+  if (c.dtype != KvDtype::kF32 && max_q >= 16) tol = 3e-3;
+  Report(c.name + ": attention", RelErr(dout.Host(), ref), tol);
 
   // Scores of the first sequence's last w queries (SpecPC's ramp), against the host.
   const auto [past, nq] = c.seqs[0];
@@ -879,6 +885,15 @@ int Main() {
       {"hd128 32/8 f16 paged bt32 chunk", 128, 32, 8, KvDtype::kF16, 32, true, {{64, 70}}},
       {"hd64 9/3 f32 first_visible 20", 64, 9, 3, KvDtype::kF32, 16, false, {{40, 30}}, 20},
       {"hd64 9/3 f16 paged bt24 (rows)", 64, 9, 3, KvDtype::kF16, 24, true, {{10, 50}, {3, 2}}},
+      {"hd128 32/8 bf16 paged prefill x2",
+       128,
+       32,
+       8,
+       KvDtype::kBF16,
+       16,
+       true,
+       {{30, 80}, {0, 17}}},
+      {"hd128 32/8 f16 long prefill 300", 128, 32, 8, KvDtype::kF16, 16, false, {{200, 300}}},
   };
   for (const AttnCase& c : cases) CheckAttention(be, c);
   std::printf("\n2. bundled model against the CPU's fp32 reference\n");

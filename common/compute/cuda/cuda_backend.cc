@@ -255,6 +255,7 @@ class CudaBackend final : public Backend {
               partial_.Get(sizeof(float) * b.n_seqs * b.n_heads * b.splits * (b.head_dim + 2)));
         }
       }
+      if (cuda::AttentionMma(b, stream_)) continue;
       if (!cuda::Attention(b, stream_)) {
         Fatal(absl::StrCat("attention: head_dim ", b.head_dim, " with ", b.n_heads, " heads over ",
                            b.n_kv_heads,

@@ -74,6 +74,10 @@ struct AttnBatch {
   float* partial = nullptr;
   AttnSeq seqs[kMaxAttnSeqs];
 };
+// Prefill attention on the tensor cores (attention_mma.cu): f16 or bf16 caches, head_dim 64 or
+// 128, batches with a sequence of at least kMmaMinQueries queries. False (nothing ran) otherwise.
+inline constexpr int kMmaMinQueries = 16;
+bool AttentionMma(const AttnBatch& b, cudaStream_t s);
 // False when head_dim or the group size is one the kernels do not cover (then nothing ran).
 bool Attention(const AttnBatch& b, cudaStream_t s);
 
