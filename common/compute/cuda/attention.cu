@@ -60,16 +60,18 @@ __device__ inline uint8_t* KvElem(const KvView& kv, bool is_k, int s, int h, int
   return base + static_cast<int64_t>(r) * row_bytes + d * eb;
 }
 
-// Rows over grid.y, each row's n_kv_heads * head_dim columns over x.
-__global__ void WriteKvKernel(const float* k, const float* v, int n, int64_t ld, int n_kv_heads,
-                              int head_dim, const KvView kv, int slot_begin) {
-  const int cols = n_kv_heads * head_dim;
-  for (int t = blockIdx.y; t < n; t += gridDim.y) {
+// One sequence per grid.z; its rows over grid.y, each row's n_kv_heads * head_dim columns over x.
+__global__ void WriteKvKernel(const __grid_constant__ KvWriteBatch b) {
+  const KvWrite& w = b.w[blockIdx.z];
+  const int cols = b.n_kv_heads * b.head_dim;
+  for (int t = blockIdx.y; t < w.n; t += gridDim.y) {
     for (int col = blockIdx.x * blockDim.x + threadIdx.x; col < cols;
          col += gridDim.x * blockDim.x) {
-      const int h = col / head_dim, d = col - h * head_dim;
-      StoreElem(KvElem(kv, true, slot_begin + t, h, d, head_dim), kv.dtype, k[t * ld + col]);
-      StoreElem(KvElem(kv, false, slot_begin + t, h, d, head_dim), kv.dtype, v[t * ld + col]);
+      const int h = col / b.head_dim, d = col - h * b.head_dim;
+      StoreElem(KvElem(w.kv, true, w.slot_begin + t, h, d, b.head_dim), w.kv.dtype,
+                w.k[t * w.ld + col]);
+      StoreElem(KvElem(w.kv, false, w.slot_begin + t, h, d, b.head_dim), w.kv.dtype,
+                w.v[t * w.ld + col]);
     }
   }
 }
@@ -365,13 +367,11 @@ __global__ void ScoreReduceKernel(const ScoreArgs a, const float* stats, float* 
 
 }  // namespace
 
-void WriteKv(const float* k, const float* v, int n, int64_t ld, int n_kv_heads, int head_dim,
-             const KvView& kv, int64_t slot_begin, cudaStream_t s) {
-  const int cols = n_kv_heads * head_dim;
-  if (n == 0 || cols == 0) return;
-  const dim3 grid((cols + 255) / 256, n < 65535 ? n : 65535);
-  WriteKvKernel<<<grid, 256, 0, s>>>(k, v, n, ld, n_kv_heads, head_dim, kv,
-                                     static_cast<int>(slot_begin));
+void WriteKv(const KvWriteBatch& b, cudaStream_t s) {
+  const int cols = b.n_kv_heads * b.head_dim;
+  if (b.count == 0 || b.max_n == 0 || cols == 0) return;
+  const dim3 grid((cols + 255) / 256, b.max_n < 65535 ? b.max_n : 65535, b.count);
+  WriteKvKernel<<<grid, 256, 0, s>>>(b);
 }
 
 bool Attention(const AttnBatch& b, cudaStream_t s) {

@@ -117,6 +117,7 @@ class CudaBackend final : public Backend {
     TRIPOD_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
   }
   ~CudaBackend() override {
+    FlushWrites();
     cudaStreamSynchronize(stream_);
     tables_.clear();
     cublasDestroy(cublas_);
@@ -130,7 +131,10 @@ class CudaBackend final : public Backend {
     TRIPOD_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(floats, 1) * sizeof(float)));
     return static_cast<float*>(p);
   }
-  void Free(float* p) override { TRIPOD_CUDA_CHECK(cudaFree(p)); }
+  void Free(float* p) override {
+    FlushWrites();
+    TRIPOD_CUDA_CHECK(cudaFree(p));
+  }
 
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
       std::span<const GgufTensorInfo* const> parts) override {
@@ -160,6 +164,7 @@ class CudaBackend final : public Backend {
 
   void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
              int64_t ld_out) override {
+    FlushWrites();
     std::shared_ptr<DeviceBuffer> t = Table(table, /*keep=*/true);
     const int32_t* d_ids = UploadInts(ids, ids_);
     cuda::Embed(static_cast<const uint16_t*>(t->p), static_cast<int>(table.cols()), d_ids,
@@ -167,10 +172,12 @@ class CudaBackend final : public Backend {
   }
   void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
                float* y, int64_t ldy) override {
+    FlushWrites();
     cuda::RmsNorm(x, ldx, w.data(), m, n, eps, y, ldy, stream_);
   }
   void Linear(const PreparedMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
               bool accumulate) override {
+    FlushWrites();
     if (m <= 0) return;
     const auto& cw = static_cast<const CudaMatrix&>(w);
     const int n = static_cast<int>(cw.n()), k = static_cast<int>(cw.k());
@@ -185,33 +192,44 @@ class CudaBackend final : public Backend {
         k, &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
   void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
+    FlushWrites();
     cuda::AddBias(x, ldx, b.data(), m, n, stream_);
   }
   void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
                  int64_t ldy) override {
+    FlushWrites();
     cuda::AddScaled(x, ldx, alpha, m, n, y, ldy, stream_);
   }
   void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim, const RopeAngles& a) override {
+    FlushWrites();
     cuda::Rope(x, ldx, m, n_heads, head_dim, a.cos, a.sin, a.rope_dims, a.halves, stream_);
   }
   void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
+    FlushWrites();
     cuda::SwiGlu(gu, ldgu, m, n, out, ldo, stream_);
   }
   void GatherRows(const float* src, int64_t lds, std::span<const int32_t> src_rows, int n,
                   float* dst, int64_t ldd) override {
+    FlushWrites();
     const int32_t* rows = UploadInts(src_rows, rows_);
     cuda::GatherRows(src, lds, rows, static_cast<int>(src_rows.size()), n, dst, ldd, stream_);
   }
 
+  // Writes wait in a batch until the next op (one launch for every sequence of a layer).
   void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
                const KvLayerRef& kv, int64_t slot_begin) override {
     if (m <= 0) return;
-    ReserveTables(BlocksOf(kv, slot_begin + m));
-    const cuda::KvView view = View(kv, head_dim, slot_begin + m);
-    cuda::WriteKv(k, v, m, ld, n_kv_heads, head_dim, view, slot_begin, stream_);
+    if (!pending_.empty() && (pending_heads_ != n_kv_heads || pending_hd_ != head_dim ||
+                              pending_.size() == static_cast<size_t>(cuda::kMaxKvWrites))) {
+      FlushWrites();
+    }
+    pending_.push_back(PendingWrite{k, v, m, ld, kv, slot_begin});
+    pending_heads_ = n_kv_heads;
+    pending_hd_ = head_dim;
   }
 
   void Attention(std::span<const AttentionArgs> seqs) override {
+    FlushWrites();
     for (size_t begin = 0; begin < seqs.size(); begin += cuda::kMaxAttnSeqs) {
       const size_t n = std::min<size_t>(cuda::kMaxAttnSeqs, seqs.size() - begin);
       cuda::AttnBatch b;
@@ -266,6 +284,7 @@ class CudaBackend final : public Backend {
   }
 
   void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
+    FlushWrites();
     for (const AttentionScoreArgs& a : seqs) {
       if (a.n_q == 0 || a.n_keys == 0) continue;
       ReserveTables(BlocksOf(a.kv, a.n_keys));
@@ -297,17 +316,22 @@ class CudaBackend final : public Backend {
   }
 
   void ToHost(const float* src, size_t n, float* host_dst) override {
+    FlushWrites();
     TRIPOD_CUDA_CHECK(
         cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void FromHost(const float* host_src, size_t n, float* dst) override {
+    FlushWrites();
     // From pageable memory the copy is staged before the call returns (the source may change).
     TRIPOD_CUDA_CHECK(
         cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
 
-  void Synchronize() override { TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void Synchronize() override {
+    FlushWrites();
+    TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
 
   std::optional<KvMemory> DeviceKvMemory() override {
     KvMemory m;
@@ -321,7 +345,10 @@ class CudaBackend final : public Backend {
       TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream));
       return static_cast<uint8_t*>(p);
     };
-    m.free = [](uint8_t* p) { cudaFree(p); };
+    m.free = [this](uint8_t* p) {
+      Synchronize();  // no write still waiting for (or running on) the memory
+      cudaFree(p);
+    };
     return m;
   }
 
@@ -445,6 +472,36 @@ class CudaBackend final : public Backend {
     return v;
   }
 
+  struct PendingWrite {
+    const float* k;
+    const float* v;
+    int m;
+    int64_t ld;
+    KvLayerRef kv;  // its block table is the store's, unchanged until the next op
+    int64_t slot_begin;
+  };
+  void FlushWrites() {
+    if (pending_.empty()) return;
+    size_t blocks = 0;
+    for (const PendingWrite& p : pending_) blocks += BlocksOf(p.kv, p.slot_begin + p.m);
+    ReserveTables(blocks);
+    cuda::KvWriteBatch b;
+    b.n_kv_heads = pending_heads_;
+    b.head_dim = pending_hd_;
+    for (const PendingWrite& p : pending_) {
+      cuda::KvWrite& w = b.w[b.count++];
+      w.k = p.k;
+      w.v = p.v;
+      w.ld = p.ld;
+      w.n = p.m;
+      w.slot_begin = static_cast<int>(p.slot_begin);
+      w.kv = View(p.kv, pending_hd_, p.slot_begin + p.m);
+      b.max_n = std::max(b.max_n, p.m);
+    }
+    pending_.clear();
+    cuda::WriteKv(b, stream_);
+  }
+
   // Room for `blocks` block ids of non-contiguous tables, for the views of the call that starts
   // (growing it waits for the device: cudaFree of the old space).
   void ReserveTables(size_t blocks) {
@@ -462,6 +519,8 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   Scratch act_, ids_, rows_, scores_, block_tables_, partial_;
   int sm_count_ = 1;
+  std::vector<PendingWrite> pending_;
+  int pending_heads_ = 0, pending_hd_ = 0;
   size_t tables_used_ = 0;
   std::vector<int32_t> table_host_;
   struct TableEntry {

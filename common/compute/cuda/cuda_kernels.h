@@ -50,8 +50,21 @@ struct KvView {
   int bt_shift = -1;  // log2(block_tokens) when a power of two, else -1
 };
 
-void WriteKv(const float* k, const float* v, int n, int64_t ld, int n_kv_heads, int head_dim,
-             const KvView& kv, int64_t slot_begin, cudaStream_t s);
+// K/V rows of up to kMaxKvWrites sequences into their caches in one launch: a decode step of
+// 32 sequences wrote with 32 launches per layer before.
+inline constexpr int kMaxKvWrites = 24;
+struct KvWrite {
+  const float* k = nullptr;  // [n, n_kv_heads * head_dim], rows ld apart (v likewise)
+  const float* v = nullptr;
+  int64_t ld = 0;
+  int n = 0, slot_begin = 0;
+  KvView kv;
+};
+struct KvWriteBatch {
+  int count = 0, n_kv_heads = 0, head_dim = 0, max_n = 0;
+  KvWrite w[kMaxKvWrites];
+};
+void WriteKv(const KvWriteBatch& b, cudaStream_t s);
 
 // Attention of up to kMaxAttnSeqs sequences in one launch (their descriptors travel as the
 // kernel's parameters: no upload, and a decode step stays one launch per layer).
