@@ -63,6 +63,9 @@ ABSL_FLAG(int, decode_workers, 1, "serve: decode worker processes");
 ABSL_FLAG(int, draft_workers, 1,
           "serve: draft worker processes, for the requests' tripod.method speckv, specpc and "
           "draftmap (0: none; those requests then run without their method)");
+ABSL_FLAG(std::string, prometheus_targets, "",
+          "serve: write every process's /metrics address to this file, in Prometheus's file_sd "
+          "format (deploy/prometheus/prometheus.yml reads deploy/prometheus/targets/*.json)");
 ABSL_FLAG(bool, workers_only, false,
           "serve: start and supervise the workers only, no scheduler (for debugging)");
 
@@ -457,6 +460,33 @@ void OnChildExit(Child& c, int status) {
   c.backoff = std::min<Clock::duration>(c.backoff * 2, kMaxBackoff);
 }
 
+// Every process's /metrics address as Prometheus's file_sd reads it, labelled with the process
+// (decode-0, prefill-0, draft-0, scheduler). Written whole, then renamed over the old file, so
+// that Prometheus never reads half of it. Restarts keep their ports: the file stays true.
+absl::Status WritePrometheusTargets(const std::string& path, const std::vector<Child>& children) {
+  std::string json = "[\n";
+  for (size_t i = 0; i < children.size(); ++i) {
+    const Child& c = children[i];
+    absl::StrAppend(&json, "  {\"targets\": [\"",
+                    JoinHostPort(ReachableHost(c.http_host), c.http_port),
+                    "\"], \"labels\": {\"process\": \"", c.name, "\"}}",
+                    i + 1 < children.size() ? ",\n" : "\n");
+  }
+  json += "]\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << json;
+    if (!out) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
+  }
+  std::fprintf(stderr, "tripod serve: Prometheus targets in %s\n", path.c_str());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ServeMain() {
@@ -636,6 +666,9 @@ absl::Status ServeMain() {
                 addresses(drafters).c_str());
   }
   std::fflush(stdout);
+  if (const std::string path = absl::GetFlag(FLAGS_prometheus_targets); !path.empty()) {
+    RETURN_IF_ERROR(WritePrometheusTargets(path, sup.children()));
+  }
 
   // Supervise until a signal: restart whatever dies, on its own ports, with a backoff.
   while (!sup.stop_requested()) {
