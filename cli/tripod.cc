@@ -13,10 +13,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/compute/cuda/cuda_backend.h"
 #include "common/compute/session.h"
 #include "common/model/chat_template.h"
 #include "common/model/sampler.h"
@@ -273,6 +275,12 @@ absl::Status EvalLongCtxMain();                   // cli/eval_longctx.cc
 }  // namespace tripod
 
 int main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage;
+  usage.version_string = [] {
+    return std::string("tripod " TRIPOD_VERSION " (CUDA backend: ") +
+           (tripod::CudaSupportsHeadDim(64) ? "built" : "not built") + ")\n";
+  };
+  absl::SetFlagsUsageConfig(usage);
   absl::SetProgramUsageMessage(
       "tripod <command> [flags]\n"
       "  serve      the OpenAI-compatible service: scheduler and workers as child processes on\n"
