@@ -163,7 +163,60 @@ absl::StatusOr<ChatTemplate> PickTemplate(const Session& session) {
   return DetectChatTemplate(*text);
 }
 
+// The flags generate and logits share, checked before the model loads: a value out of range is
+// an error naming the flag (it used to run and print nothing, exit 0).
+absl::Status CheckSessionFlags() {
+  if (absl::GetFlag(FLAGS_threads) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--threads must be >= 0 (0: all cores), got ", absl::GetFlag(FLAGS_threads)));
+  }
+  if (absl::GetFlag(FLAGS_chunk) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--chunk must be >= 1, got ", absl::GetFlag(FLAGS_chunk)));
+  }
+  if (absl::GetFlag(FLAGS_context) < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--context must be >= 0 (0: the model's context length), got ",
+                     absl::GetFlag(FLAGS_context)));
+  }
+  return absl::OkStatus();
+}
+
+// Flags named on the command line (main fills it before parsing): an empty --prompt given is an
+// error, an absent one is not. (CommandLineFlag::IsSpecifiedOnCommandLine is private in the
+// abseil Debian 12 packages.)
+std::vector<std::string>& GivenFlags() {
+  static std::vector<std::string> given;
+  return given;
+}
+
+bool Given(const std::string& flag) {
+  const std::vector<std::string>& g = GivenFlags();
+  return std::find(g.begin(), g.end(), flag) != g.end();
+}
+
+absl::Status CheckGenerateFlags() {
+  RETURN_IF_ERROR(CheckSessionFlags());
+  if (absl::GetFlag(FLAGS_max_tokens) < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_tokens must be >= 1, got ", absl::GetFlag(FLAGS_max_tokens)));
+  }
+  const int inputs = Given("prompt") + Given("ids") + Given("chat");
+  if (inputs > 1) {
+    return absl::InvalidArgumentError("give one of --prompt, --ids and --chat, not several");
+  }
+  if (Given("prompt") && absl::GetFlag(FLAGS_prompt).empty()) {
+    return absl::InvalidArgumentError(
+        "--prompt is empty: give the text to complete (or --chat for a chat message)");
+  }
+  if (Given("ids") && absl::GetFlag(FLAGS_ids).empty()) {
+    return absl::InvalidArgumentError("--ids is empty: give comma-separated token ids");
+  }
+  return SamplingFromFlags().Validate();
+}
+
 absl::Status Generate() {
+  RETURN_IF_ERROR(CheckGenerateFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<Session> session, OpenSession());
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*session->model().gguf));
   const SamplingParams params = SamplingFromFlags();
@@ -251,9 +304,10 @@ absl::Status Generate() {
 }
 
 absl::Status Logits() {
-  ASSIGN_OR_RETURN(std::unique_ptr<Session> session, OpenSession());
+  RETURN_IF_ERROR(CheckSessionFlags());
   if (absl::GetFlag(FLAGS_ids).empty()) return absl::InvalidArgumentError("logits needs --ids");
   if (absl::GetFlag(FLAGS_out).empty()) return absl::InvalidArgumentError("logits needs --out");
+  ASSIGN_OR_RETURN(std::unique_ptr<Session> session, OpenSession());
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIds(absl::GetFlag(FLAGS_ids)));
   ASSIGN_OR_RETURN(std::vector<float> logits, session->Append(ids, absl::GetFlag(FLAGS_all)));
   std::ofstream f(absl::GetFlag(FLAGS_out), std::ios::binary);
@@ -317,6 +371,14 @@ int main(int argc, char** argv) {
     const bool bare = std::strcmp(argv2[i], "--chat") == 0 &&
                       (i + 1 == argv2.size() || std::strncmp(argv2[i + 1], "--", 2) == 0);
     if (bare) argv2[i] = interactive;
+  }
+  for (size_t i = 1; i < argv2.size(); ++i) {
+    std::string_view a = argv2[i];
+    if (a == "--") break;
+    if (a.size() > 2 && a.substr(0, 2) == "--") {
+      a.remove_prefix(2);
+      tripod::GivenFlags().emplace_back(a.substr(0, a.find('=')));
+    }
   }
   std::vector<char*> args = absl::ParseCommandLine(static_cast<int>(argv2.size()), argv2.data());
   if (args.size() < 2) {
