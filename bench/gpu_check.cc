@@ -481,6 +481,8 @@ void CheckAttention(Backend& be, const AttnCase& c) {
 // ---------------------------------------------------------------------------------------------
 // Part 2: the bundled model against the CPU reference.
 
+void CheckDraft(const json& ref, const std::string& path);
+
 void CheckModel(Backend& be) {
   std::ifstream in(absl::GetFlag(FLAGS_reference));
   if (!in) {
@@ -534,6 +536,49 @@ void CheckModel(Backend& be) {
           {"greedy_total", greedy.size()},
           {"ok", ok}});
   }
+  CheckDraft(ref, path);
+}
+
+// The draft worker's engine on the GPU against the CPU's (fp32) scores, kept positions and
+// lookahead tokens.
+void CheckDraft(const json& ref, const std::string& path) {
+  const std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<float> scores = ref["draft"]["token_scores"].get<std::vector<float>>();
+  const std::vector<int32_t> keep = ref["draft"]["keep"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> lookahead = ref["draft"]["lookahead"].get<std::vector<int32_t>>();
+  absl::StatusOr<std::unique_ptr<Backend>> b = MakeCudaBackend();
+  absl::StatusOr<std::unique_ptr<DraftEngine>> e =
+      b.ok() ? DraftEngine::Create(gpu_check::DraftOptions(path), std::move(*b), KvDtype::kF16)
+             : absl::StatusOr<std::unique_ptr<DraftEngine>>(b.status());
+  absl::StatusOr<DraftResult> r =
+      e.ok() ? (*e)->Score(gpu_check::DraftRequestFor(prompt)) : e.status();
+  if (!r.ok()) {
+    std::printf("  draft: %s\n", r.status().ToString().c_str());
+    g_failed = true;
+    return;
+  }
+  std::vector<double> sref(scores.begin(), scores.end());
+  const double err = r->token_scores.size() == scores.size() ? RelErr(r->token_scores, sref) : 1e9;
+  size_t common = 0;
+  for (int32_t p : r->keep) common += std::count(keep.begin(), keep.end(), p);
+  const double overlap = keep.empty() ? 0 : static_cast<double>(common) / keep.size();
+  size_t same = 0;
+  while (same < lookahead.size() && same < r->lookahead.size() &&
+         r->lookahead[same] == lookahead[same]) {
+    ++same;
+  }
+  const bool ok = err <= 5e-2 && overlap >= 0.9 && same == lookahead.size();
+  if (!ok) g_failed = true;
+  std::printf(
+      "  draft engine (8-layer self-draft): token scores rel. error %.3g, kept positions "
+      "shared %zu/%zu, lookahead tokens equal %zu/%zu, score pass %.2f ms  %s\n",
+      err, common, keep.size(), same, lookahead.size(), r->prefill_s * 1e3, ok ? "ok" : "FAIL");
+  Emit({{"part", "draft"},
+        {"scores_rel_err", err},
+        {"keep_overlap", overlap},
+        {"lookahead_equal", same},
+        {"lookahead_total", lookahead.size()},
+        {"ok", ok}});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 #include "common/compute/model.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/util/status_macros.h"
+#include "draft_node/draft_engine.h"
 
 namespace tripod::gpu_check {
 
@@ -22,6 +23,26 @@ inline constexpr char kPrompt[] =
     "across Europe, and the cost of books fell sharply. Explain in a few sentences why the "
     "printing press changed how ideas travelled:";
 inline constexpr int kGreedyTokens = 32;
+
+// The draft worker's engine on both sides: an 8-layer self-draft scoring the prompt for SpecPC
+// (keep 32 tokens, window 16, small pools for a short prompt) and 8 lookahead tokens.
+inline DraftEngineOptions DraftOptions(const std::string& model) {
+  DraftEngineOptions o;
+  o.model_path = model;
+  o.self_draft_layers = 8;
+  o.context_tokens = 512;
+  return o;
+}
+inline DraftRequest DraftRequestFor(const std::vector<int32_t>& prompt) {
+  DraftRequest r;
+  r.prompt = prompt;
+  r.specpc.budget = 32;
+  r.specpc.window = 16;
+  r.specpc.pool_kernel = 7;
+  r.specpc.neighbourhood = 4;
+  r.lookahead = 8;
+  return r;
+}
 
 struct GreedyRun {
   std::vector<float> first_logits;  // after the prompt: [vocab]

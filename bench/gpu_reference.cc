@@ -31,7 +31,13 @@ absl::Status Run() {
   ASSIGN_OR_RETURN(gpu_check::GreedyRun run,
                    gpu_check::RunGreedy<std::chrono::steady_clock>(
                        *m, *backend, prompt, gpu_check::kGreedyTokens, KvDtype::kF32));
+  // The draft engine on the CPU (fp32): what the GPU's draft must agree with.
+  DraftEngineOptions dopt = gpu_check::DraftOptions(path);
+  dopt.precision = "fp32";
+  ASSIGN_OR_RETURN(std::unique_ptr<DraftEngine> draft, DraftEngine::Create(dopt));
+  ASSIGN_OR_RETURN(DraftResult dr, draft->Score(gpu_check::DraftRequestFor(prompt)));
   nlohmann::json j;
+  j["draft"] = {{"token_scores", dr.token_scores}, {"keep", dr.keep}, {"lookahead", dr.lookahead}};
   j["model"] = path;
   j["path"] = "cpu fp32, f32 KV";
   j["prompt_ids"] = prompt;

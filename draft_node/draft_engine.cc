@@ -5,8 +5,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/compute/cpu/cpu_backend.h"
-#include "common/compute/profiling_backend.h"
 #include "common/kv/kv_dtype.h"
 #include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
@@ -36,8 +34,9 @@ absl::StatusOr<std::vector<std::string>> VocabTokens(const std::string& path) {
 
 int DefaultFirstLayer(int depth) { return depth < 16 ? depth / 2 : 8; }
 
-absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(
-    const DraftEngineOptions& options) {
+absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(const DraftEngineOptions& options,
+                                                                 std::unique_ptr<Backend> backend,
+                                                                 KvDtype kv) {
   if (options.prefill_chunk <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("draft: prefill chunk must be positive, got ", options.prefill_chunk));
@@ -64,8 +63,8 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(
                        target.size(), " tokens); a draft must share the target's vocabulary"));
     }
   }
-  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
-  e->backend_ = MaybeProfile(MakeCpuBackend(cpu));
+  RETURN_IF_ERROR(backend->Supports(config, kv));
+  e->backend_ = std::move(backend);
   WeightSelection selection;
   selection.layers.assign(config.n_layers, LayerNeed::kFull);
   for (int l = e->depth_; l < config.n_layers; ++l) selection.layers[l] = LayerNeed::kNone;
@@ -75,7 +74,7 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(
   layout.n_layers = config.n_layers;
   layout.n_kv_heads = config.n_kv_heads;
   layout.head_dim = config.head_dim;
-  layout.dtype = cpu.kv;
+  layout.dtype = kv;
   e->kv_layout_ = layout;
   e->context_ = options.context_tokens > 0 ? options.context_tokens : config.context_length;
   e->ws_ = std::make_unique<ForwardWorkspace>(*e->backend_);
@@ -117,8 +116,9 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
   const auto t0 = std::chrono::steady_clock::now();
   // The request's own KV, as long as it needs: freed when the map is made (this function's end),
   // so an idle draft worker holds none.
-  ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> kv,
-                   ContiguousKvCache::Create(kv_layout_, 1, n + r.lookahead));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ContiguousKvCache> kv,
+      ContiguousKvCache::Create(kv_layout_, 1, n + r.lookahead, backend_->DeviceKvMemory()));
   // The last forward holds the whole window (its queries are captured): the prompt's tail of
   // max(window, the chunking's remainder) tokens, the rest in full chunks before it.
   const int chunk = options_.prefill_chunk;

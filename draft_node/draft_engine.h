@@ -27,7 +27,8 @@ struct DraftEngineOptions {
   int self_draft_layers = 0;
   // A target model whose vocabulary the draft must share (checked at load; empty: not checked).
   std::string target_model_path;
-  std::string precision = "auto";  // CpuOptionsForPrecision
+  std::string backend = "cpu";     // cpu | cuda (MakeBackend)
+  std::string precision = "auto";  // the CPU's: CpuOptionsForPrecision
   int prefill_chunk = 512;
   int context_tokens = 0;  // prompt + lookahead capacity; 0: the model's context length
 };
@@ -54,7 +55,14 @@ int DefaultFirstLayer(int depth);
 
 class DraftEngine {
  public:
+  // On the backend options.backend names (draft_engine_create.cc: MakeBackend).
   static absl::StatusOr<std::unique_ptr<DraftEngine>> Create(const DraftEngineOptions& options);
+  // On a backend the caller made (options.backend and options.precision unused), its K/V stored
+  // as `kv`. A separate definition from the one above, so that a program giving its own backend
+  // (bench/gpu_check) links no other.
+  static absl::StatusOr<std::unique_ptr<DraftEngine>> Create(const DraftEngineOptions& options,
+                                                             std::unique_ptr<Backend> backend,
+                                                             KvDtype kv);
 
   // Layers the draft runs (its depth) and the vocabulary it scores in.
   int depth() const { return depth_; }

@@ -43,7 +43,8 @@ ABSL_FLAG(int, draft_layers, 8,
           "separate draft model, run in full)");
 ABSL_FLAG(std::string, target_model, "",
           "the target model, whose vocabulary a separate draft must share (checked at start)");
-ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
+ABSL_FLAG(std::string, backend, "cpu", "cpu | cuda (the draft on the GPU: bf16 weights, f16 KV)");
+ABSL_FLAG(std::string, precision, "auto", "the CPU's: fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
 ABSL_FLAG(int, chunk, 512, "prompt tokens per forward pass");
 ABSL_FLAG(int, context, 0, "prompt + lookahead tokens at most (0: the model's context length)");
@@ -74,6 +75,7 @@ absl::Status Serve(const sigset_t& signals) {
   if (o.model_path.empty()) o.model_path = BundledModelPath();
   o.self_draft_layers = absl::GetFlag(FLAGS_draft_layers);
   o.target_model_path = absl::GetFlag(FLAGS_target_model);
+  o.backend = absl::GetFlag(FLAGS_backend);
   o.precision = absl::GetFlag(FLAGS_precision);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);
   o.context_tokens = absl::GetFlag(FLAGS_context);

@@ -17,6 +17,7 @@
 #include "common/kv/kv_layout.h"
 #include "common/kv/kv_memory.h"
 #include "common/model/gguf.h"
+#include "common/model/model_config.h"
 
 namespace tripod {
 
@@ -114,6 +115,11 @@ class Backend {
   // the backend's own (device) memory, which the kernels read through KvLayerRef. Host code must
   // not touch K/V bytes of such a store.
   virtual std::optional<KvMemory> DeviceKvMemory() { return std::nullopt; }
+  // Whether this backend runs `config` with K/V stored as `kv` (the CUDA kernels cover some head
+  // sizes and KV types only): an error naming what it lacks.
+  virtual absl::Status Supports(const ModelConfig& config, KvDtype kv) const {
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace tripod

@@ -113,6 +113,9 @@ class ProfilingBackend final : public Backend {
   }
   std::optional<KvMemory> DeviceKvMemory() override { return inner_->DeviceKvMemory(); }
   void Synchronize() override { inner_->Synchronize(); }
+  absl::Status Supports(const ModelConfig& config, KvDtype kv) const override {
+    return inner_->Supports(config, kv);
+  }
 
  private:
   template <class F>

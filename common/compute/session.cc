@@ -7,9 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/compute/cpu/cpu_backend.h"
-#include "common/compute/cuda/cuda_backend.h"
-#include "common/compute/profiling_backend.h"
+#include "common/compute/make_backend.h"
 #include "common/kv/kv_dtype.h"
 #include "common/util/status_macros.h"
 
@@ -18,31 +16,16 @@ namespace tripod {
 absl::StatusOr<std::unique_ptr<Session>> Session::Open(const SessionOptions& options) {
   std::unique_ptr<Session> s(new Session());
   s->options_ = options;
-  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
-  KvDtype default_kv = cpu.kv;
-  if (options.backend == "cuda") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend());
-    s->backend_ = MaybeProfile(std::move(gpu));
-    default_kv = KvDtype::kF16;
-  } else if (options.backend == "cpu") {
-    s->backend_ = MaybeProfile(MakeCpuBackend(cpu));
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown backend '", options.backend, "' (cpu | cuda)"));
-  }
+  ASSIGN_OR_RETURN(MadeBackend made, MakeBackend(options.backend, options.precision));
+  s->backend_ = std::move(made.backend);
+  const KvDtype default_kv = made.default_kv;
   KvLayout layout;
   ASSIGN_OR_RETURN(layout.dtype, ParseKvDtype(options.kv_cache_dtype, default_kv));
-  if (options.backend == "cuda" && layout.dtype == KvDtype::kQ8_0) {
-    return absl::InvalidArgumentError("the CUDA backend keeps K/V as f32, f16 or bf16, not q8_0");
-  }
   ASSIGN_OR_RETURN(s->model_,
                    LoadModel(options.model_path.empty() ? BundledModelPath() : options.model_path,
                              *s->backend_));
   const ModelConfig& c = s->model_->config;
-  if (options.backend == "cuda" && !CudaSupportsHeadDim(c.head_dim)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the CUDA attention kernels cover head_dim 64 and 128; this model has ", c.head_dim));
-  }
+  RETURN_IF_ERROR(s->backend_->Supports(c, layout.dtype));
   layout.n_layers = c.n_layers;
   layout.n_kv_heads = c.n_kv_heads;
   layout.head_dim = c.head_dim;

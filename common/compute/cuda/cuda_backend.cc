@@ -328,6 +328,24 @@ class CudaBackend final : public Backend {
         cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
   }
 
+  absl::Status Supports(const ModelConfig& config, KvDtype kv) const override {
+    if (kv == KvDtype::kQ8_0) {
+      return absl::InvalidArgumentError("the CUDA backend keeps K/V as f32, f16 or bf16, not q8_0");
+    }
+    if (!CudaSupportsHeadDim(config.head_dim)) {
+      return absl::UnimplementedError(
+          absl::StrCat("the CUDA attention kernels cover head_dim 64 and 128; this model has ",
+                       config.head_dim));
+    }
+    if (config.n_heads % config.n_kv_heads != 0 || config.n_heads / config.n_kv_heads > 16) {
+      return absl::UnimplementedError(
+          absl::StrCat("the CUDA attention kernels cover up to 16 query heads per KV head; this "
+                       "model has ",
+                       config.n_heads, " over ", config.n_kv_heads));
+    }
+    return absl::OkStatus();
+  }
+
   void Synchronize() override {
     FlushWrites();
     TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/compute/session.h"
+#include "draft_node/draft_engine.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -31,6 +32,23 @@ TEST(CudaBackendTest, WithoutAGpuItIsRefusedWithTheReason) {
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_NE(s.status().message().find(why), std::string::npos) << s.status();
+}
+
+TEST(CudaBackendTest, DraftEngineOnCudaWithoutAGpuIsRefusedWithTheReason) {
+  const std::string why = CudaUnavailableReason();
+  if (why.empty()) GTEST_SKIP() << "this machine has a usable GPU: the refusal is not taken here";
+  DraftEngineOptions o;
+  o.model_path = TestModelPath();
+  o.self_draft_layers = 4;
+  o.backend = "cuda";
+  absl::StatusOr<std::unique_ptr<DraftEngine>> e = DraftEngine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(e.status().message().find(why), std::string::npos) << e.status();
+  o.backend = "tpu";
+  e = DraftEngine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CudaBackendTest, UnknownBackendNamesTheChoices) {

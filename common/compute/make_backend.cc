@@ -1,0 +1,29 @@
+// MakeBackend; see make_backend.h.
+#include "common/compute/make_backend.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/cuda/cuda_backend.h"
+#include "common/compute/profiling_backend.h"
+#include "common/util/status_macros.h"
+
+namespace tripod {
+
+absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const std::string& precision) {
+  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(precision));
+  MadeBackend m;
+  if (name == "cuda") {
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend());
+    m.backend = MaybeProfile(std::move(gpu));
+    m.default_kv = KvDtype::kF16;
+  } else if (name == "cpu") {
+    m.backend = MaybeProfile(MakeCpuBackend(cpu));
+    m.default_kv = cpu.kv;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown backend '", name, "' (cpu | cuda)"));
+  }
+  return m;
+}
+
+}  // namespace tripod
