@@ -25,7 +25,9 @@
 #include "bench/gpu_check_common.h"
 #include "common/compute/cuda/cuda_backend.h"
 #include "common/compute/profiling_backend.h"
+#include "common/kv/kv_dtype.h"
 #include "common/model/bundled_model.h"
+#include "common/model/quant_types.h"
 #include "nlohmann/json.hpp"
 #include "prefill_node/pop_config.h"
 
@@ -58,40 +60,12 @@ void Emit(const json& j) {
 // ---------------------------------------------------------------------------------------------
 // Host helpers: rounding and decoding as the device does, random data, tensors over host floats.
 
-float RoundBf16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
+float RoundBf16(float f) { return Bf16ToFp32(Fp32ToBf16(f)); }
 
-float HalfToFloat(uint16_t h) {
-  const uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  float v;
-  if (exp == 0) {
-    v = std::ldexp(static_cast<float>(man), -24);
-  } else if (exp == 31) {
-    v = man ? NAN : INFINITY;
-  } else {
-    v = std::ldexp(static_cast<float>(man | 0x400), static_cast<int>(exp) - 25);
-  }
-  return sign ? -v : v;
-}
-
+// One K/V element of a row read back from the cache, as fp32.
 float DecodeElem(const uint8_t* p, KvDtype t) {
-  if (t == KvDtype::kF32) {
-    float f;
-    std::memcpy(&f, p, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  if (t == KvDtype::kF16) return HalfToFloat(h);
-  const uint32_t u = uint32_t{h} << 16;
   float f;
-  std::memcpy(&f, &u, 4);
+  ConvertKvRow(p, t, reinterpret_cast<uint8_t*>(&f), KvDtype::kF32, 1);
   return f;
 }
 

@@ -14,15 +14,13 @@
 #include <cmath>
 
 #include "common/compute/cuda/cuda_kernels.h"
+#include "common/compute/cuda/kv_address.cuh"
 
 namespace tripod::cuda {
 namespace {
 
-constexpr int kTile = 32;        // slots per K/V tile
-constexpr int kKTileSlots = 16;  // kKvKTile
+constexpr int kTile = 32;  // slots per K/V tile
 constexpr int kMaxWarps = 16;
-
-__device__ inline int ElemBytes(int dtype) { return dtype == 0 ? 4 : 2; }
 
 __device__ inline float LoadElem(const uint8_t* p, int dtype) {
   if (dtype == 0) return *reinterpret_cast<const float*>(p);
@@ -38,26 +36,6 @@ __device__ inline void StoreElem(uint8_t* p, int dtype, float v) {
   } else {
     *reinterpret_cast<__nv_bfloat16*>(p) = __float2bfloat16_rn(v);
   }
-}
-
-// Byte address of element d of slot s, KV head h: K (tiled or rows) or V (rows). 32-bit index
-// arithmetic, and a shift for power-of-two blocks: 64-bit division is a long software routine on
-// the GPU, and with it here the first version of these kernels spent most of their time on
-// addresses (a decode step's attention took 0.23 ms per layer).
-__device__ inline uint8_t* KvElem(const KvView& kv, bool is_k, int s, int h, int d, int hd) {
-  const int eb = ElemBytes(kv.dtype);
-  const int row_bytes = eb * hd;
-  const int bi = kv.bt_shift >= 0 ? s >> kv.bt_shift : s / kv.block_tokens;
-  const int r = s - bi * kv.block_tokens;
-  const int64_t b = kv.block_ids != nullptr ? kv.block_ids[bi] : bi;
-  uint8_t* base = (is_k ? kv.k_base : kv.v_base) + b * kv.block_bytes +
-                  static_cast<int64_t>(h * kv.block_tokens) * row_bytes;
-  if (is_k && kv.k_tiled) {
-    const int j = r & (kKTileSlots - 1);
-    return base + static_cast<int64_t>(r - j) * row_bytes + ((d >> 1) * kKTileSlots + j) * 4 +
-           (d & 1) * 2;
-  }
-  return base + static_cast<int64_t>(r) * row_bytes + d * eb;
 }
 
 // One sequence per grid.z; its rows over grid.y, each row's n_kv_heads * head_dim columns over x.
@@ -116,11 +94,11 @@ __device__ inline void LoadTile(const KvView& kv, int h, int t0, int fv, int las
       const uint8_t* addr;
       int lo, hi;  // the piece's slots
       if (is_k && kv.k_tiled) {
-        const int group = e0 / (kKTileSlots * HD), e = e0 % (kKTileSlots * HD);
-        const int slot0 = t0 + group * kKTileSlots;
+        const int group = e0 / (kKvTileSlots * HD), e = e0 % (kKvTileSlots * HD);
+        const int slot0 = t0 + group * kKvTileSlots;
         lo = slot0 + (e % 32) / 2;
         hi = lo + per / 2 - 1;
-        if (slot0 > last || slot0 + kKTileSlots - 1 < fv) continue;
+        if (slot0 > last || slot0 + kKvTileSlots - 1 < fv) continue;
         addr = KvElem(kv, true, slot0, h, 0, HD) + e * 2;
       } else {
         lo = hi = t0 + e0 / HD;
@@ -142,8 +120,8 @@ __device__ inline void LoadTile(const KvView& kv, int h, int t0, int fv, int las
         const int e = e0 + k;
         int j, d;
         if (is_k && kv.k_tiled) {
-          const int group = e / (kKTileSlots * HD), ee = e % (kKTileSlots * HD);
-          j = group * kKTileSlots + (ee % 32) / 2;
+          const int group = e / (kKvTileSlots * HD), ee = e % (kKvTileSlots * HD);
+          j = group * kKvTileSlots + (ee % 32) / 2;
           d = (ee / 32) * 2 + (ee & 1);
         } else {
           j = e / HD;

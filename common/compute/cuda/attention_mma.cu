@@ -13,6 +13,7 @@
 #include <cmath>
 
 #include "common/compute/cuda/cuda_kernels.h"
+#include "common/compute/cuda/kv_address.cuh"
 
 namespace tripod::cuda {
 namespace {
@@ -20,7 +21,6 @@ namespace {
 constexpr int kRows = 64;   // query rows per block, 16 per warp
 constexpr int kSlots = 64;  // K/V slots per tile
 constexpr int kThreads = 128;
-constexpr int kKTile = 16;  // the cache's K tile (kKvKTile)
 
 template <bool kHalf>
 __device__ inline uint32_t Pack(float a, float b) {  // a in the low half (the lower column)
@@ -51,22 +51,6 @@ __device__ inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, u
   }
 }
 
-// Address of slot s, KV head h, column d (d = 0 for a K tile's start), 2-byte elements.
-__device__ inline const uint8_t* Elem(const KvView& kv, bool is_k, int s, int h, int d, int hd) {
-  const int row_bytes = 2 * hd;
-  const int bi = kv.bt_shift >= 0 ? s >> kv.bt_shift : s / kv.block_tokens;
-  const int r = s - bi * kv.block_tokens;
-  const int64_t b = kv.block_ids != nullptr ? kv.block_ids[bi] : bi;
-  const uint8_t* base = (is_k ? kv.k_base : kv.v_base) + b * kv.block_bytes +
-                        static_cast<int64_t>(h * kv.block_tokens) * row_bytes;
-  if (is_k && kv.k_tiled) {
-    const int j = r & (kKTile - 1);
-    return base + static_cast<int64_t>(r - j) * row_bytes + ((d >> 1) * kKTile + j) * 4 +
-           (d & 1) * 2;
-  }
-  return base + static_cast<int64_t>(r) * row_bytes + d * 2;
-}
-
 __device__ inline uint32_t Bf16ToF16(uint32_t x) {  // the low 16 bits
   const float f = fminf(fmaxf(__uint_as_float(x << 16), -65504.0f), 65504.0f);
   return __half_as_ushort(__float2half_rn(f));
@@ -92,14 +76,14 @@ __device__ inline void LoadTile(const KvView& kv, int h, int t0, int fv, int las
       const bool is_k = pi < kPieces;
       const int e0 = (is_k ? pi : pi - kPieces) * 8;
       if (is_k && kv.k_tiled) {
-        const int slot0 = t0 + (e0 / (kKTile * HD)) * kKTile;
-        if (slot0 > last || slot0 + kKTile - 1 < fv) continue;
-        piece[u] = *reinterpret_cast<const uint4*>(Elem(kv, true, slot0, h, 0, HD) +
-                                                   (e0 % (kKTile * HD)) * 2);
+        const int slot0 = t0 + (e0 / (kKvTileSlots * HD)) * kKvTileSlots;
+        if (slot0 > last || slot0 + kKvTileSlots - 1 < fv) continue;
+        piece[u] = *reinterpret_cast<const uint4*>(KvElem(kv, true, slot0, h, 0, HD) +
+                                                   (e0 % (kKvTileSlots * HD)) * 2);
       } else {
         const int slot = t0 + e0 / HD;
         if (slot > last || slot < fv) continue;
-        piece[u] = *reinterpret_cast<const uint4*>(Elem(kv, is_k, slot, h, e0 % HD, HD));
+        piece[u] = *reinterpret_cast<const uint4*>(KvElem(kv, is_k, slot, h, e0 % HD, HD));
       }
     }
 #pragma unroll
@@ -116,8 +100,8 @@ __device__ inline void LoadTile(const KvView& kv, int h, int t0, int fv, int las
       if (is_k && kv.k_tiled) {
         // Element e of a 16-slot group is slot (e % 32) / 2, column (e / 32) * 2 + e % 2: the
         // piece's words are columns d0, d0 + 1 of four consecutive slots.
-        const int group = e0 / (kKTile * HD), e = e0 % (kKTile * HD);
-        const int j0 = group * kKTile + (e % 32) / 2, d0 = (e / 32) * 2;
+        const int group = e0 / (kKvTileSlots * HD), e = e0 % (kKvTileSlots * HD);
+        const int j0 = group * kKvTileSlots + (e % 32) / 2, d0 = (e / 32) * 2;
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int slot = t0 + j0 + i;

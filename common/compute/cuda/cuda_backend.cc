@@ -47,14 +47,6 @@ namespace {
   std::abort();
 }
 
-uint16_t HostBf16(float f) {  // round to nearest even, as the device's __float2bfloat16_rn
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 struct DeviceBuffer {
   void* p = nullptr;
   size_t bytes = 0;
@@ -432,7 +424,7 @@ class CudaBackend final : public Backend {
         for (int64_t i = 0; i < nr; ++i) {
           DequantizeRow(t.type, t.data + (r + i) * row_bytes, rowf.data(), k);
           for (int64_t j = 0; j < k; ++j) {
-            chunk[i * k + j] = HostBf16(scale != nullptr ? rowf[j] * scale[j] : rowf[j]);
+            chunk[i * k + j] = Fp32ToBf16(scale != nullptr ? rowf[j] * scale[j] : rowf[j]);
           }
         }
         // On the backend's stream (which the legacy stream's copies would not order with);

@@ -81,32 +81,11 @@ bool Gemv(const uint16_t* w, int n, int k, const float* x, int64_t ldx, int m, f
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(w) % 16 != 0) {
     return false;
   }
-  switch (m) {
-    case 1:
-      Launch<1>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    case 2:
-      Launch<2>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    case 3:
-      Launch<3>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    case 4:
-      Launch<4>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    case 5:
-      Launch<5>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    case 6:
-      Launch<6>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    case 7:
-      Launch<7>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-    default:
-      Launch<8>(w, n, k, x, ldx, y, ldy, accumulate, s);
-      break;
-  }
+  using LaunchFn = void (*)(const uint16_t*, int, int, const float*, int64_t, float*, int64_t, bool,
+                            cudaStream_t);
+  static constexpr LaunchFn kByRows[kGemvMaxRows] = {Launch<1>, Launch<2>, Launch<3>, Launch<4>,
+                                                     Launch<5>, Launch<6>, Launch<7>, Launch<8>};
+  kByRows[m - 1](w, n, k, x, ldx, y, ldy, accumulate, s);
   return true;
 }
 
