@@ -40,9 +40,10 @@ ABSL_FLAG(bool, pop_stack_kv, true, "prefill: the skipped layers' K/V as one sta
 ABSL_FLAG(bool, compare_full, true, "prefill: also load the full model to report its bytes");
 ABSL_FLAG(std::string, kv_out, "", "prefill: write the KV snapshot (K then V) to this file");
 ABSL_FLAG(std::string, trim, "none",
-          "prefill: KV trimming method (none, speckv, snapkv, streamingllm, draftmap)");
-ABSL_FLAG(int, trim_budget, 0, "prefill: KV entries kept per layer and head");
-ABSL_FLAG(int, trim_window, 32, "prefill: SpecKV/SnapKV observation window");
+          "prefill: KV trimming method (none, speckv, snapkv, pyramidkv, streamingllm, draftmap)");
+ABSL_FLAG(int, trim_budget, 0,
+          "prefill: KV entries kept per layer and head (PyramidKV: their mean over the layers)");
+ABSL_FLAG(int, trim_window, 32, "prefill: SpecKV/SnapKV/PyramidKV observation window");
 ABSL_FLAG(std::string, trim_lookahead, "",
           "prefill: SpecKV's lookahead token ids, comma-separated");
 ABSL_FLAG(std::string, trim_keep, "", "prefill: the draft map's kept positions, comma-separated");
@@ -136,8 +137,8 @@ absl::Status PrefillMain() {
   std::printf(
       "\"trim\":\"%s\",\"kv_slots\":%d,\"kv_bytes\":%zu,\"chunks\":%d,\"forward_s\":%.4f,"
       "\"tok_s\":%.1f,\"export_s\":%.4f}\n",
-      TrimMethodName(trim.method), r.kv.n_slots, r.kv.k.size() + r.kv.v.size(), r.chunks,
-      r.forward_s, r.forward_s > 0 ? r.prefilled_tokens / r.forward_s : 0.0, r.export_s);
+      TrimMethodName(trim.method), r.kv.n_slots, r.kv.kept_bytes(), r.chunks, r.forward_s,
+      r.forward_s > 0 ? r.prefilled_tokens / r.forward_s : 0.0, r.export_s);
   return absl::OkStatus();
 }
 

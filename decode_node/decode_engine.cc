@@ -223,13 +223,14 @@ void DecodeEngine::RunTasks() {
   if (!tasks.empty()) UpdateGauges();
 }
 
-absl::StatusOr<KvReservation> DecodeEngine::ReserveKv(int n_slots, uint64_t plan_key) {
+absl::StatusOr<KvReservation> DecodeEngine::ReserveKv(int n_slots, uint64_t plan_key,
+                                                      std::vector<int32_t> layer_first) {
   absl::StatusOr<KvReservation> result;
   Notification done;
   // The gauges are brought up to date before the caller wakes: a Health right after Reserve
   // must see the blocks taken.
   auto task = [&] {
-    result = ReserveOnEngine(n_slots, plan_key);
+    result = ReserveOnEngine(n_slots, plan_key, std::move(layer_first));
     UpdateGauges();
     done.Notify();
   };
@@ -238,12 +239,27 @@ absl::StatusOr<KvReservation> DecodeEngine::ReserveKv(int n_slots, uint64_t plan
   return result;
 }
 
-absl::StatusOr<KvReservation> DecodeEngine::ReserveOnEngine(int n_slots, uint64_t plan_key) {
+absl::StatusOr<KvReservation> DecodeEngine::ReserveOnEngine(int n_slots, uint64_t plan_key,
+                                                            std::vector<int32_t> layer_first) {
   PagedKvCache& c = *cache_;
   const int room = n_slots + 1;  // the last prompt token runs in the reservation's blocks
   if (n_slots < 0 || room >= context_) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV reservation: ", n_slots, " slots; the context holds ", context_));
+  }
+  if (!layer_first.empty()) {
+    if (layer_first.size() != static_cast<size_t>(c.layout().n_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("KV reservation: ", layer_first.size(),
+                                                     " per-layer first slots for ",
+                                                     c.layout().n_layers, " layers"));
+    }
+    for (size_t l = 0; l < layer_first.size(); ++l) {
+      if (layer_first[l] < 0 || layer_first[l] > n_slots) {
+        return absl::InvalidArgumentError(absl::StrCat("KV reservation: layer ", l,
+                                                       "'s first slot ", layer_first[l],
+                                                       " is outside [0, ", n_slots, "]"));
+      }
+    }
   }
   const int need = c.BlocksFor(room);
   if (need > c.num_blocks() - c.watermark_blocks()) {
@@ -264,11 +280,12 @@ absl::StatusOr<KvReservation> DecodeEngine::ReserveOnEngine(int n_slots, uint64_
     return absl::ResourceExhaustedError(
         absl::StrCat("KV reservation: could not allocate ", need, " blocks"));
   }
-  reservations_[kv] = Reserved{n_slots, plan_key};
+  reservations_[kv] = Reserved{n_slots, plan_key, layer_first};
   KvReservation r;
   r.kv_seq = kv;
   r.n_slots = n_slots;
   r.blocks = need;
+  r.layer_first = std::move(layer_first);
   r.store = c.WriteView(kv);
   return r;
 }
@@ -305,7 +322,12 @@ absl::Status DecodeEngine::Adopt(Sequence& s) {
   if (!s.req.reserved_trimmed) {
     tokens = std::span<const int32_t>(s.req.prompt).first(s.req.prompt.size() - 1);
   }
-  return cache_->FinishExternalFill(kv, r.n_slots, tokens, r.plan_key);
+  if (!r.layer_first.empty() && !s.req.reserved_trimmed) {
+    return absl::InvalidArgumentError(absl::StrCat("request: KV reservation ", kv,
+                                                   " has per-layer first slots, which only "
+                                                   "trimmed KV fills"));
+  }
+  return cache_->FinishExternalFill(kv, r.n_slots, tokens, r.plan_key, r.layer_first);
 }
 
 void DecodeEngine::Intake() {

@@ -84,6 +84,9 @@ struct KvReservation {
   int32_t kv_seq = -1;  // the cache sequence; DecodeRequest::reserved_kv_seq adopts it
   int n_slots = 0;      // slots the transfer fills
   int blocks = 0;       // blocks held (room for n_slots + the last prompt token)
+  // PyramidKV's trimmed KV: per layer, the first slot the transfer fills (slots below stay empty
+  // and are never attended). Empty: 0.
+  std::vector<int32_t> layer_first;
   // Writes slots [0, n_slots) of kv_seq from any thread: a copy of the block table, so the
   // writer never touches the cache. Valid until the reservation is released or adopted, and
   // while the engine lives.
@@ -112,7 +115,9 @@ class DecodeEngine {
   // for it. RESOURCE_EXHAUSTED when the blocks would cut into the watermark (the message says
   // whether it can ever fit). Thread-safe, but not from an on_event callback (it would wait for
   // its own thread).
-  absl::StatusOr<KvReservation> ReserveKv(int n_slots, uint64_t plan_key);
+  // layer_first: as KvReservation's (validated here: [n_layers] values in [0, n_slots]).
+  absl::StatusOr<KvReservation> ReserveKv(int n_slots, uint64_t plan_key,
+                                          std::vector<int32_t> layer_first = {});
   // Frees a reservation that no request adopted (at the next step boundary, and waits for it;
   // inline without a loop), so that the blocks are free when it returns. Adopted or unknown ones
   // are ignored. The caller must be done writing through its view. Thread-safe, but not from an
@@ -151,13 +156,15 @@ class DecodeEngine {
   struct Reserved {
     int n_slots = 0;
     uint64_t plan_key = 0;  // of the plan that fills it
+    std::vector<int32_t> layer_first;
   };
   // Moves submitted requests in, runs posted tasks and applies cancellations (engine thread).
   void Intake();
   // Queues a task for the loop; false (nothing queued) when no loop runs.
   bool Post(std::function<void()> task);
   void RunTasks();
-  absl::StatusOr<KvReservation> ReserveOnEngine(int n_slots, uint64_t plan_key);
+  absl::StatusOr<KvReservation> ReserveOnEngine(int n_slots, uint64_t plan_key,
+                                                std::vector<int32_t> layer_first);
   // Hands a reservation to its adopting sequence (Intake).
   absl::Status Adopt(Sequence& s);
   void UpdateGauges();  // the "now" fields of stats_

@@ -186,7 +186,13 @@ grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::Rese
     return refuse(absl::InvalidArgumentError(
         absl::StrCat("Reserve: unknown kv_dtype ", static_cast<int>(req->kv_dtype()))));
   }
-  absl::StatusOr<KvReservation> r = engine_.ReserveKv(slots, req->plan_key());
+  std::vector<int32_t> layer_first(req->layer_first_slot().begin(), req->layer_first_slot().end());
+  if (!layer_first.empty() && req->kv_slots() == 0) {
+    return refuse(absl::InvalidArgumentError(
+        "Reserve: layer_first_slot needs kv_slots (per-layer budgets are trimmed KV)"));
+  }
+  absl::StatusOr<KvReservation> r =
+      engine_.ReserveKv(slots, req->plan_key(), std::move(layer_first));
   if (!r.ok()) return refuse(r.status());
   const int blocks = r->blocks;
   TransferSpec spec;

@@ -101,7 +101,8 @@ TransferTicket KvTransfers::Add(KvReservation reservation, const TransferSpec& s
     MutexLock lock(&mu_);
     t->id = NewId();
     t->receiver = std::make_unique<KvChunkReceiver>(t->id, layout_, reservation.n_slots,
-                                                    std::max(spec.n_prompt - 1, 0), spec.dtype);
+                                                    std::max(spec.n_prompt - 1, 0), spec.dtype,
+                                                    reservation.layer_first);
     t->res = std::move(reservation);
     ticket = {t->id, t->deadline, t->lease};
     deadlines_.emplace(t->deadline, t->id);

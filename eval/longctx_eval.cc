@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compute/max_pool.h"
+#include "common/kv/pyramid_budgets.h"
 #include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
 #include "common/util/status_macros.h"
@@ -21,13 +22,14 @@ bool Wants(const std::vector<std::string>& methods, const char* name) {
   return std::find(methods.begin(), methods.end(), name) != methods.end();
 }
 
-int64_t Bytes(const KvSnapshot& kv) { return static_cast<int64_t>(kv.k.size() + kv.v.size()); }
+// What a transfer of it sends (PyramidKV's padding left out).
+int64_t Bytes(const KvSnapshot& kv) { return static_cast<int64_t>(kv.kept_bytes()); }
 
 }  // namespace
 
 const std::vector<std::string>& LongCtxMethodNames() {
-  static const std::vector<std::string> names = {"full",     "speckv", "specpc",
-                                                 "draftmap", "snapkv", "streamingllm"};
+  static const std::vector<std::string> names = {"full",   "speckv",    "specpc",      "draftmap",
+                                                 "snapkv", "pyramidkv", "streamingllm"};
   return names;
 }
 
@@ -131,7 +133,7 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
     if (Wants(methods, "speckv")) {
       ASSIGN_OR_RETURN(speckv, prefill_->RunScored(prompt, window, draft.lookahead, run.plan));
     }
-    if (Wants(methods, "snapkv")) {
+    if (Wants(methods, "snapkv") || Wants(methods, "pyramidkv")) {
       ASSIGN_OR_RETURN(snapkv, prefill_->RunScored(prompt, window, {}, run.plan));
     }
     for (const double fraction : budgets) {
@@ -166,7 +168,19 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
         RETURN_IF_ERROR(add("speckv", fraction, kv_budget, pop, prompt, kv, speckv->full.forward_s,
                             draft.prefill_s + draft.lookahead_s));
       }
-      if (snapkv && budget < m) {
+      if (snapkv && budget < m && Wants(methods, "pyramidkv")) {
+        // SnapKV's scores, a budget per layer (the same pass: the scores do not depend on it).
+        TrimPolicy pyramid = policy;
+        pyramid.method = TrimMethod::kPyramidKv;
+        pyramid.layer_budgets = PyramidLayerBudgets(kv_budget, window, c.n_layers, m);
+        ASSIGN_OR_RETURN(
+            const KvSnapshot kv,
+            TrimSnapshot(snapkv->full.kv, ScoredPositions(pyramid, snapkv->attention, m),
+                         TrimmedSlots(pyramid)));
+        RETURN_IF_ERROR(
+            add("pyramidkv", fraction, kv_budget, pop, prompt, kv, snapkv->full.forward_s, 0));
+      }
+      if (snapkv && budget < m && Wants(methods, "snapkv")) {
         policy.method = TrimMethod::kSnapKv;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
                          trimmed(snapkv->full.kv, ScoredPositions(policy, snapkv->attention, m)));

@@ -144,9 +144,22 @@ absl::Status KvSender::PushTrimmed(const KvSnapshot& kv) {
   ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> store,
                    ContiguousKvCache::Create(l, 1, kv.n_slots));
   RETURN_IF_ERROR(WriteSnapshot(kv, *store, 0));
-  const KvRange all{0, l.n_layers, 0, kv.n_slots};
+  // A layer's padding (PyramidKV) is never sent: then each layer goes as its own range.
+  std::vector<KvRange> pieces;
+  if (kv.layer_first.empty()) {
+    pieces = SplitKvRange(l, KvRange{0, l.n_layers, 0, kv.n_slots}, kMaxKvChunkPayload);
+  } else {
+    for (int layer = 0; layer < l.n_layers; ++layer) {
+      if (kv.first_slot(layer) == kv.n_slots) continue;
+      for (const KvRange& p :
+           SplitKvRange(l, KvRange{layer, layer + 1, kv.first_slot(layer), kv.n_slots},
+                        kMaxKvChunkPayload)) {
+        pieces.push_back(p);
+      }
+    }
+  }
   std::vector<int32_t> kept;
-  for (const KvRange& p : SplitKvRange(l, all, kMaxKvChunkPayload)) {
+  for (const KvRange& p : pieces) {
     kept.clear();
     for (int layer = p.layer_begin; layer < p.layer_end; ++layer) {
       for (int h = 0; h < l.n_kv_heads; ++h) {

@@ -75,8 +75,9 @@ class KvSender {
   // Queues the end message (totals of what was pushed), waits for the acknowledgement (bounded
   // by options.ack_timeout: DEADLINE_EXCEEDED, and the call cancelled), returns it. Once.
   absl::StatusOr<v1::PushKvResponse> Finish();
-  // Pushes a whole trimmed snapshot (every layer, its n_slots kept entries) with each chunk's
-  // kept positions; the decode side's reservation must hold kv.n_slots slots.
+  // Pushes a whole trimmed snapshot (every layer, its kept entries) with each chunk's kept
+  // positions; the decode side's reservation must hold kv.n_slots slots (and, for per-layer
+  // budgets, name the same first slot per layer: padding is not sent).
   absl::Status PushTrimmed(const KvSnapshot& kv);
   // Cancels the call; blocked Push and Finish calls return CANCELLED. Any thread; idempotent.
   void Abort();

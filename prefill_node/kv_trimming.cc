@@ -23,18 +23,20 @@ const char* TrimMethodName(TrimMethod m) {
       return "streamingllm";
     case TrimMethod::kDraftMap:
       return "draftmap";
+    case TrimMethod::kPyramidKv:
+      return "pyramidkv";
   }
   return "unknown";
 }
 
 absl::StatusOr<TrimMethod> ParseTrimMethod(std::string_view name) {
   for (TrimMethod m : {TrimMethod::kNone, TrimMethod::kSpecKv, TrimMethod::kSnapKv,
-                       TrimMethod::kStreamingLlm, TrimMethod::kDraftMap}) {
+                       TrimMethod::kStreamingLlm, TrimMethod::kDraftMap, TrimMethod::kPyramidKv}) {
     if (name == TrimMethodName(m)) return m;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("unknown KV trimming method '", std::string(name),
-                   "': none, speckv, snapkv, streamingllm or draftmap"));
+                   "': none, speckv, snapkv, streamingllm, draftmap or pyramidkv"));
 }
 
 bool KeepsEverything(const TrimPolicy& p, int m) {
@@ -51,10 +53,32 @@ absl::Status ValidateTrimPolicy(const TrimPolicy& p, int m) {
     return absl::InvalidArgumentError(
         absl::StrCat("trimming: pool kernel must be positive, got ", p.pool_kernel));
   }
-  if ((p.method == TrimMethod::kSpecKv || p.method == TrimMethod::kSnapKv) &&
+  if ((p.method == TrimMethod::kSpecKv || p.method == TrimMethod::kSnapKv ||
+       p.method == TrimMethod::kPyramidKv) &&
       (p.window <= 0 || p.window > p.budget)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "trimming: the window must be in [1, budget], got ", p.window, " for budget ", p.budget));
+  }
+  if (p.method != TrimMethod::kPyramidKv && !p.layer_budgets.empty()) {
+    return absl::InvalidArgumentError("trimming: per-layer budgets are PyramidKV's only");
+  }
+  if (p.method == TrimMethod::kPyramidKv && !KeepsEverything(p, m)) {
+    int64_t sum = 0;
+    for (size_t l = 0; l < p.layer_budgets.size(); ++l) {
+      const int b = p.layer_budgets[l];
+      if (b < p.window || b > m) {
+        return absl::InvalidArgumentError(absl::StrCat("trimming: layer ", l, "'s budget ", b,
+                                                       " is outside [window ", p.window,
+                                                       ", prefilled tokens ", m, "]"));
+      }
+      sum += b;
+    }
+    // A mean above the budget would reserve, send and hold more than asked for.
+    if (sum > int64_t{p.budget} * static_cast<int64_t>(p.layer_budgets.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("trimming: the per-layer budgets sum to ", sum,
+                                                     ", above ", p.layer_budgets.size(),
+                                                     " layers x budget ", p.budget));
+    }
   }
   if (p.method == TrimMethod::kStreamingLlm && (p.sink_tokens < 0 || p.sink_tokens > p.budget)) {
     return absl::InvalidArgumentError(
@@ -107,13 +131,24 @@ std::vector<int32_t> FixedPositions(const TrimPolicy& p, int m, int n_layers, in
   return all;
 }
 
+int TrimmedSlots(const TrimPolicy& p) {
+  if (p.method == TrimMethod::kPyramidKv && !p.layer_budgets.empty()) {
+    return *std::max_element(p.layer_budgets.begin(), p.layer_budgets.end());
+  }
+  return p.budget;
+}
+
 std::vector<int32_t> ScoredPositions(const TrimPolicy& p, const CapturedAttention& att, int m) {
+  const int slots = TrimmedSlots(p);
+  const bool pyramid = p.method == TrimMethod::kPyramidKv && !p.layer_budgets.empty();
   std::vector<int32_t> all;
-  all.reserve(size_t{1} * att.n_layers * att.n_kv_heads * p.budget);
+  all.reserve(size_t{1} * att.n_layers * att.n_kv_heads * slots);
   for (int l = 0; l < att.n_layers; ++l) {
+    const int budget = pyramid ? p.layer_budgets[l] : p.budget;
     for (int h = 0; h < att.n_kv_heads; ++h) {
-      const float* s = p.method == TrimMethod::kSnapKv ? att.sum_at(l, h) : att.max_at(l, h);
-      const std::vector<int32_t> keep = SelectByScore(s, m, p.budget, p.window, p.pool_kernel);
+      const float* s = p.method == TrimMethod::kSpecKv ? att.max_at(l, h) : att.sum_at(l, h);
+      const std::vector<int32_t> keep = SelectByScore(s, m, budget, p.window, p.pool_kernel);
+      all.insert(all.end(), slots - keep.size(), -1);
       all.insert(all.end(), keep.begin(), keep.end());
     }
   }
@@ -121,24 +156,41 @@ std::vector<int32_t> ScoredPositions(const TrimPolicy& p, const CapturedAttentio
 }
 
 absl::StatusOr<KvSnapshot> TrimSnapshot(const KvSnapshot& full,
-                                        const std::vector<int32_t>& positions, int budget) {
+                                        const std::vector<int32_t>& positions, int n_slots) {
   const KvLayout& l = full.layout;
   if (full.trimmed()) return absl::InvalidArgumentError("trimming: the KV is already trimmed");
-  if (positions.size() != size_t{1} * l.n_layers * l.n_kv_heads * budget) {
+  if (positions.size() != size_t{1} * l.n_layers * l.n_kv_heads * n_slots) {
     return absl::InvalidArgumentError("trimming: positions do not match the layout and budget");
   }
   KvSnapshot t;
   t.layout = l;
-  t.n_slots = budget;
+  t.n_slots = n_slots;
   t.positions = positions;
   t.plan_key = full.plan_key;
+  // Each layer's padding: its leading -1s, as many in every head.
+  std::vector<int32_t> first(l.n_layers, 0);
+  for (int layer = 0; layer < l.n_layers; ++layer) {
+    for (int h = 0; h < l.n_kv_heads; ++h) {
+      const int32_t* row = &positions[(size_t{1} * layer * l.n_kv_heads + h) * n_slots];
+      const int pad = static_cast<int>(
+          std::find_if(row, row + n_slots, [](int32_t p) { return p != -1; }) - row);
+      if (h > 0 && pad != first[layer]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("trimming: layer ", layer, "'s heads keep different numbers of entries"));
+      }
+      first[layer] = pad;
+    }
+  }
+  if (std::any_of(first.begin(), first.end(), [](int32_t f) { return f > 0; })) {
+    t.layer_first = first;
+  }
   const size_t row = full.row_bytes();
-  t.k.resize(size_t{1} * l.n_layers * l.n_kv_heads * budget * row);
+  t.k.resize(size_t{1} * l.n_layers * l.n_kv_heads * n_slots * row);
   t.v.resize(t.k.size());
   for (int layer = 0; layer < l.n_layers; ++layer) {
     for (int h = 0; h < l.n_kv_heads; ++h) {
-      for (int s = 0; s < budget; ++s) {
-        const int32_t p = positions[(size_t{1} * layer * l.n_kv_heads + h) * budget + s];
+      for (int s = first[layer]; s < n_slots; ++s) {
+        const int32_t p = positions[(size_t{1} * layer * l.n_kv_heads + h) * n_slots + s];
         if (p < 0 || p >= full.n_slots) {
           return absl::InvalidArgumentError(
               absl::StrCat("trimming: position ", p, " outside the KV's ", full.n_slots, " slots"));

@@ -20,10 +20,11 @@ enum class TrimMethod {
   kSnapKv,        // sum over the window's and the last token's queries
   kStreamingLlm,  // the first sink_tokens and the most recent rest
   kDraftMap,      // the draft's kept positions, the same in every layer and head
+  kPyramidKv,     // SnapKV's scores, a budget per layer falling from the bottom layer to the top
 };
 
 const char* TrimMethodName(TrimMethod m);
-// "none", "speckv", "snapkv", "streamingllm", "draftmap".
+// "none", "speckv", "snapkv", "streamingllm", "draftmap", "pyramidkv".
 absl::StatusOr<TrimMethod> ParseTrimMethod(std::string_view name);
 
 struct TrimPolicy {
@@ -34,6 +35,9 @@ struct TrimPolicy {
   int sink_tokens = 4;  // StreamingLLM's first tokens
   std::vector<int32_t> lookahead;  // SpecKV: the draft's greedy tokens after the prompt
   std::vector<int32_t> keep;       // draft map: positions to keep (< the prefilled tokens)
+  // PyramidKV: entries kept per layer, window included (PyramidLayerBudgets of budget, which is
+  // then their mean); empty: the engine computes them.
+  std::vector<int> layer_budgets;
 };
 
 // INVALID_ARGUMENT saying what is wrong with `p` for m prefilled tokens (0..m-1).
@@ -51,11 +55,17 @@ std::vector<int32_t> SelectByScore(const float* scores, int m, int budget, int w
 // Per (layer, head), [n_layers][n_kv_heads][C] positions, for methods without scores.
 std::vector<int32_t> FixedPositions(const TrimPolicy& p, int m, int n_layers, int n_kv_heads);
 
-// Per (layer, head) from captured attention (max for SpecKV, sum for SnapKV).
+// Slots per (layer, head) of the trimmed KV: the budget, or PyramidKV's largest layer budget.
+int TrimmedSlots(const TrimPolicy& p);
+
+// Per (layer, head) from captured attention (max for SpecKV, sum for SnapKV and PyramidKV),
+// [n_layers][n_kv_heads][TrimmedSlots(p)]; a PyramidKV layer keeping fewer than that is padded
+// with -1 in front (KvSnapshot::layer_first).
 std::vector<int32_t> ScoredPositions(const TrimPolicy& p, const CapturedAttention& att, int m);
 
-// The entries of `full` (untrimmed, m slots) at `positions` ([layers][heads][C]).
+// The entries of `full` (untrimmed, m slots) at `positions` ([layers][heads][n_slots]); leading
+// -1s, as many in every head of a layer, are padding (zero rows, KvSnapshot::layer_first).
 absl::StatusOr<KvSnapshot> TrimSnapshot(const KvSnapshot& full,
-                                        const std::vector<int32_t>& positions, int budget);
+                                        const std::vector<int32_t>& positions, int n_slots);
 
 }  // namespace tripod

@@ -9,6 +9,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/session.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "common/kv/pyramid_budgets.h"
 #include "common/util/status_macros.h"
 
 namespace tripod {
@@ -165,15 +166,26 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
                                         policy.budget));
     return r;
   }
+  TrimPolicy p = policy;
+  if (p.method == TrimMethod::kPyramidKv) {
+    if (p.layer_budgets.empty()) {
+      p.layer_budgets = PyramidLayerBudgets(p.budget, p.window, c.n_layers, m);
+    }
+    if (p.layer_budgets.size() != static_cast<size_t>(c.n_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("trimming: ", p.layer_budgets.size(),
+                                                     " per-layer budgets for a model of ",
+                                                     c.n_layers, " layers"));
+    }
+    RETURN_IF_ERROR(ValidateTrimPolicy(p, m));
+  }
   ASSIGN_OR_RETURN(
       Scored scored,
-      RunScored(prompt, policy.window,
-                policy.method == TrimMethod::kSpecKv ? policy.lookahead : std::vector<int32_t>{},
-                plan_in));
+      RunScored(prompt, p.window,
+                p.method == TrimMethod::kSpecKv ? p.lookahead : std::vector<int32_t>{}, plan_in));
   PrefillResult r = std::move(scored.full);
   const auto t0 = Clock::now();
   ASSIGN_OR_RETURN(r.kv,
-                   TrimSnapshot(r.kv, ScoredPositions(policy, scored.attention, m), policy.budget));
+                   TrimSnapshot(r.kv, ScoredPositions(p, scored.attention, m), TrimmedSlots(p)));
   r.export_s += Seconds(t0, Clock::now());
   return r;
 }

@@ -30,6 +30,9 @@ absl::StatusOr<TrimPolicy> TrimPolicyFromWire(const v1::Trimming& t) {
     case v1::TRIM_DRAFTMAP:
       p.method = TrimMethod::kDraftMap;
       break;
+    case v1::TRIM_PYRAMIDKV:
+      p.method = TrimMethod::kPyramidKv;
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("prefill: unknown trimming method ", static_cast<int>(t.method())));
@@ -44,6 +47,7 @@ absl::StatusOr<TrimPolicy> TrimPolicyFromWire(const v1::Trimming& t) {
   if (t.sink_tokens() > 0) p.sink_tokens = t.sink_tokens();
   p.lookahead.assign(t.lookahead().begin(), t.lookahead().end());
   p.keep.assign(t.keep().begin(), t.keep().end());
+  p.layer_budgets.assign(t.layer_budgets().begin(), t.layer_budgets().end());
   return p;
 }
 
@@ -61,6 +65,12 @@ absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
   }
   ASSIGN_OR_RETURN(job.trim, TrimPolicyFromWire(request.trimming()));
   RETURN_IF_ERROR(ValidateTrimPolicy(job.trim, static_cast<int>(job.prompt.size()) - 1));
+  const int n_layers = engine.model().config.n_layers;
+  if (!job.trim.layer_budgets.empty() && job.trim.layer_budgets.size() != size_t(n_layers)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill: ", job.trim.layer_budgets.size(),
+                                                   " per-layer budgets for a model of ", n_layers,
+                                                   " layers"));
+  }
   // Each branch asks for its plan itself: an optional<PopConfig> filled in branches made GCC 12
   // under ASan warn (-Wmaybe-uninitialized) about the vector inside it.
   const v1::PrefillPlan& plan = request.plan();

@@ -130,6 +130,11 @@ AppliedMethod ApplyMethod(DraftMethod m, int budget, const std::vector<int32_t>&
       t.set_method(v1::TRIM_SNAPKV);
       t.set_window(std::min(params.trim_window, budget));
       break;
+    case DraftMethod::kPyramidKv:
+      // The per-layer budgets follow once the model's layer count is known (request_call.cc).
+      t.set_method(v1::TRIM_PYRAMIDKV);
+      t.set_window(std::min(params.trim_window, budget));
+      break;
     case DraftMethod::kStreamingLlm:
       t.set_method(v1::TRIM_STREAMINGLLM);
       t.set_sink_tokens(std::min(4, budget));

@@ -200,13 +200,10 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   const std::optional<DraftMethod> m = ParseDraftMethod(method);
   if (!m.has_value()) {
     return InvalidRequest(absl::StrCat("'tripod.method' must be one of \"speckv\", \"specpc\", "
-                                       "\"draftmap\", \"snapkv\", \"streamingllm\", "
-                                       "\"none\", got \"",
+                                       "\"draftmap\", \"snapkv\", \"pyramidkv\", "
+                                       "\"streamingllm\", \"none\", got \"",
                                        method, "\""),
                           "tripod.method");
-  }
-  if (*m == DraftMethod::kPyramidKv) {
-    return InvalidRequest("'tripod.method' \"pyramidkv\" is not available yet", "tripod.method");
   }
   req.method.method = *m;
   const double budget = raw.budget.value_or(0);

@@ -1,9 +1,11 @@
 #include "scheduler/request_call.h"
 
+#include <algorithm>
 #include <atomic>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv/pyramid_budgets.h"
 #include "common/rpc/deferred_release.h"
 #include "common/rpc/protocol.h"
 #include "scheduler/draft_methods.h"
@@ -228,7 +230,26 @@ void Call::ReserveAndPrefill(const Worker* exclude) {
   reserve_request_.Clear();
   reserve_request_.set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
   reserve_request_.set_plan_key(prefill_->last_health().plan_key());
+  std::vector<int> pyramid;
+  if (trimming_.method() == v1::TRIM_PYRAMIDKV) {
+    // The per-layer budgets need the model's layer count, known once a prefill worker is chosen
+    // (every worker serves the same model): each layer's entries fill the top of the slots.
+    const int n_layers = prefill_->last_health().model().n_layers();
+    if (n_layers < 1) {
+      MethodFallback(absl::StrCat("prefill worker ", prefill_->address(),
+                                  " did not report its model's layer count"));
+    } else {
+      pyramid = PyramidLayerBudgets(trimming_.budget(), trimming_.window(), n_layers,
+                                    static_cast<int>(prompt_.size()) - 1);
+      trimming_.mutable_layer_budgets()->Assign(pyramid.begin(), pyramid.end());
+    }
+  }
   reserve_request_.set_kv_slots(kv_entries_);
+  if (!pyramid.empty()) {
+    const int slots = *std::max_element(pyramid.begin(), pyramid.end());
+    reserve_request_.set_kv_slots(slots);
+    for (int b : pyramid) reserve_request_.add_layer_first_slot(slots - b);
+  }
   grpc::ClientContext* context = nullptr;
   {
     MutexLock l(&mu_);

@@ -13,7 +13,7 @@ import collections
 import json
 import math
 
-METHODS = ["speckv", "specpc", "draftmap", "snapkv", "streamingllm"]
+METHODS = ["speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"]
 
 
 def wilson(p, k):

@@ -10,6 +10,12 @@
 
 namespace tripod {
 
+size_t KvSnapshot::kept_bytes() const {
+  size_t slots = 0;
+  for (int layer = 0; layer < layout.n_layers; ++layer) slots += n_slots - first_slot(layer);
+  return 2 * slots * layout.n_kv_heads * row_bytes();
+}
+
 absl::Status ValidateSnapshot(const KvSnapshot& s, int32_t max_position) {
   const KvLayout& l = s.layout;
   if (l.n_layers <= 0 || l.n_kv_heads <= 0 || l.head_dim <= 0 || s.n_slots < 0) {
@@ -26,15 +32,43 @@ absl::Status ValidateSnapshot(const KvSnapshot& s, int32_t max_position) {
   if (!s.token_ids.empty() && static_cast<int>(s.token_ids.size()) != s.n_slots) {
     return absl::InvalidArgumentError("KV snapshot: token ids do not match the slot count");
   }
-  if (s.positions.empty()) return absl::OkStatus();
+  if (s.positions.empty()) {
+    if (!s.layer_first.empty()) {
+      return absl::InvalidArgumentError("KV snapshot: per-layer first slots on untrimmed KV");
+    }
+    return absl::OkStatus();
+  }
   if (s.positions.size() != size_t{1} * l.n_layers * l.n_kv_heads * s.n_slots) {
     return absl::InvalidArgumentError("KV snapshot: positions do not match the shape");
+  }
+  if (!s.layer_first.empty()) {
+    if (s.layer_first.size() != static_cast<size_t>(l.n_layers)) {
+      return absl::InvalidArgumentError(absl::StrCat("KV snapshot: ", s.layer_first.size(),
+                                                     " per-layer first slots for ", l.n_layers,
+                                                     " layers"));
+    }
+    for (int layer = 0; layer < l.n_layers; ++layer) {
+      if (s.layer_first[layer] < 0 || s.layer_first[layer] > s.n_slots) {
+        return absl::InvalidArgumentError(absl::StrCat("KV snapshot: layer ", layer,
+                                                       " starts at slot ", s.layer_first[layer],
+                                                       ", outside [0, ", s.n_slots, "]"));
+      }
+    }
   }
   std::vector<uint8_t> seen(static_cast<size_t>(max_position > 0 ? max_position : 0));
   for (int lh = 0; lh < l.n_layers * l.n_kv_heads; ++lh) {
     std::fill(seen.begin(), seen.end(), 0);
+    const int first = s.first_slot(lh / l.n_kv_heads);
     for (int j = 0; j < s.n_slots; ++j) {
       const int32_t p = s.positions[size_t{1} * lh * s.n_slots + j];
+      if (j < first) {
+        if (p != -1) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "KV snapshot: layer ", lh / l.n_kv_heads, " slot ", j,
+              " is padding (below the layer's first slot ", first, ") but names position ", p));
+        }
+        continue;
+      }
       if (p < 0 || p >= max_position) {
         return absl::InvalidArgumentError(
             absl::StrCat("KV snapshot: position ", p, " outside [0, ", max_position, ")"));
@@ -91,7 +125,7 @@ absl::Status WriteSnapshot(const KvSnapshot& s, KvStore& store, int32_t kv_seq) 
     }
     std::vector<uint8_t> row(KvRowBytes(dst.dtype, dst.head_dim));
     for (int h = 0; h < src.n_kv_heads; ++h) {
-      for (int j = 0; j < s.n_slots; ++j) {
+      for (int j = s.first_slot(layer); j < s.n_slots; ++j) {
         ConvertKvRow(s.k.data() + s.offset(layer, h, j), src.dtype, row.data(), dst.dtype,
                      dst.head_dim);
         ref.WriteK(j, h, dst.head_dim, row.data());

@@ -90,6 +90,7 @@ KvLayerRef PagedKvCache::Layer(int32_t seq, int layer) {
   r.block_tokens = block_tokens_;
   r.block_bytes = block_bytes_;
   r.dtype = layout_.dtype;
+  if (!s->first_visible.empty()) r.first_visible_slot = s->first_visible[layer];
   return r;
 }
 
@@ -295,6 +296,7 @@ absl::Status PagedKvCache::Import(int32_t seq, const KvSnapshot& snap) {
   }
   s = Find(seq);
   s->length = snap.n_slots;
+  s->first_visible = snap.layer_first;
   if (!snap.trimmed() && !snap.token_ids.empty() && snap.plan_key == s->plan_key) {
     s->tokens = snap.token_ids;
     PublishFullBlocks(*s);
@@ -342,7 +344,8 @@ std::unique_ptr<KvStore> PagedKvCache::WriteView(int32_t seq) {
 
 absl::Status PagedKvCache::FinishExternalFill(int32_t seq, int n_slots,
                                               std::span<const int32_t> token_ids,
-                                              uint64_t filled_by_plan_key) {
+                                              uint64_t filled_by_plan_key,
+                                              std::span<const int32_t> layer_first) {
   Seq* s = Find(seq);
   if (s == nullptr) return absl::NotFoundError(absl::StrCat("KV fill: no sequence ", seq));
   if (s->length != 0) {
@@ -357,6 +360,20 @@ absl::Status PagedKvCache::FinishExternalFill(int32_t seq, int n_slots,
   if (!token_ids.empty() && token_ids.size() != static_cast<size_t>(n_slots)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV fill: ", token_ids.size(), " token ids for ", n_slots, " slots"));
+  }
+  if (!layer_first.empty()) {
+    if (layer_first.size() != static_cast<size_t>(layout_.n_layers) || !token_ids.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV fill: ", layer_first.size(), " per-layer first slots for ",
+                       layout_.n_layers, " layers (trimmed KV only, no token ids)"));
+    }
+    for (int32_t f : layer_first) {
+      if (f < 0 || f > n_slots) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KV fill: a layer's first slot ", f, " is outside [0, ", n_slots, "]"));
+      }
+    }
+    s->first_visible.assign(layer_first.begin(), layer_first.end());
   }
   s->length = n_slots;
   if (!token_ids.empty() && filled_by_plan_key == s->plan_key && s->publishable) {

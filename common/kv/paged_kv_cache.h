@@ -84,7 +84,8 @@ class PagedKvCache final : public KvStore {
   void FreeSequence(int32_t seq);
 
   // KV computed elsewhere (a prefill worker's output, maybe trimmed) into an empty sequence:
-  // allocates, copies (converting dtype), sets length = s.n_slots. Untrimmed snapshots with
+  // allocates, copies (converting dtype), sets length = s.n_slots and each layer's first visible
+  // slot to s.layer_first's. Untrimmed snapshots with
   // token_ids and plan_key == the sequence's key publish their full blocks; trimmed ones never.
   absl::Status Import(int32_t seq, const KvSnapshot& s);
 
@@ -100,8 +101,11 @@ class PagedKvCache final : public KvStore {
   // filled_by_plan_key == the sequence's key publish its full blocks to the prefix cache; empty
   // token_ids (trimmed KV, unknown tokens) or another plan's KV are never shared. The sequence
   // must be empty (length 0) with capacity for n_slots.
+  // layer_first (trimmed KV with a budget per layer, [n_layers]): each layer's first filled slot;
+  // attention then never sees the slots below it (KvLayerRef::first_visible_slot).
   absl::Status FinishExternalFill(int32_t seq, int n_slots, std::span<const int32_t> token_ids,
-                                  uint64_t filled_by_plan_key);
+                                  uint64_t filled_by_plan_key,
+                                  std::span<const int32_t> layer_first = {});
 
   // Refcounts vs block tables, free + cached + owned == all, shared blocks are full.
   absl::Status CheckConsistency() const;
@@ -111,6 +115,8 @@ class PagedKvCache final : public KvStore {
     uint64_t plan_key = 0;
     std::vector<int32_t> blocks;  // the block table
     int length = 0;
+    // Per layer, the first slot attention sees (PyramidKV's trimmed KV); empty: 0 everywhere.
+    std::vector<int32_t> first_visible;
     // Prefix-cache bookkeeping: token ids of slots [0, length) while the KV may be published.
     bool publishable = true;
     std::vector<int32_t> tokens;

@@ -92,13 +92,21 @@ void MakeKvEnd(uint64_t transfer_id, uint32_t seq, uint32_t chunks, uint64_t byt
 }
 
 KvChunkReceiver::KvChunkReceiver(uint64_t transfer_id, const KvLayout& layout, int n_slots,
-                                 int n_positions, v1::KvDtype expected_dtype)
+                                 int n_positions, v1::KvDtype expected_dtype,
+                                 std::vector<int32_t> layer_first)
     : transfer_id_(transfer_id),
       layout_(layout),
       n_slots_(n_slots),
       n_positions_(n_positions),
       expected_dtype_(expected_dtype),
-      next_slot_(layout.n_layers, 0) {}
+      next_slot_(layout.n_layers, 0) {
+  if (layer_first.size() == next_slot_.size()) {
+    for (size_t l = 0; l < layer_first.size(); ++l) {
+      next_slot_[l] = std::clamp(layer_first[l], 0, n_slots);
+      per_layer_ = per_layer_ || next_slot_[l] > 0;
+    }
+  }
+}
 
 int KvChunkReceiver::slots_done() const {
   return next_slot_.empty() ? 0 : *std::min_element(next_slot_.begin(), next_slot_.end());
@@ -166,6 +174,12 @@ absl::Status KvChunkReceiver::Check(const v1::KvChunk& c, KvDtype* src_type) con
   if (trimmed_ >= 0 && trimmed != (trimmed_ == 1)) {
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": trimmed and untrimmed chunks mixed in one transfer"));
+  }
+  if (per_layer_ && !trimmed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where,
+        ": the reservation has per-layer first slots (trimmed KV) and the chunk is not "
+        "trimmed"));
   }
   if (trimmed) {
     const size_t n_pos = size_t{1} * n_layers * layout_.n_kv_heads * n_slots;

@@ -54,8 +54,11 @@ class KvChunkReceiver {
   // layout: the destination store's (its dtype is what rows are converted to). n_slots: the
   // slots the transfer must fill. n_positions: prompt positions a kept slot may name
   // (n_prompt - 1). expected_dtype: the type the sender announced (unspecified: any).
+  // layer_first (PyramidKV, [n_layers], validated by the caller): the first slot each layer's
+  // chunks fill; below it nothing comes. Empty: 0 for every layer.
   KvChunkReceiver(uint64_t transfer_id, const KvLayout& layout, int n_slots, int n_positions,
-                  v1::KvDtype expected_dtype = v1::KV_DTYPE_UNSPECIFIED);
+                  v1::KvDtype expected_dtype = v1::KV_DTYPE_UNSPECIFIED,
+                  std::vector<int32_t> layer_first = {});
 
   // Checks a data chunk and writes it into slots of kv_seq in `store` (which holds n_slots).
   absl::Status Accept(const v1::KvChunk& chunk, KvStore& store, int32_t kv_seq);
@@ -80,7 +83,8 @@ class KvChunkReceiver {
   v1::KvDtype expected_dtype_;
   uint32_t next_seq_ = 0;
   uint64_t bytes_ = 0;
-  std::vector<int> next_slot_;  // per layer: slots [0, next_slot_) have arrived
+  std::vector<int> next_slot_;  // per layer: slots [first, next_slot_) have arrived
+  bool per_layer_ = false;      // some layer starts above slot 0 (trimmed KV only)
   int trimmed_ = -1;            // -1 until the first chunk says
   // Trimmed only: per (layer, head), which positions are taken.
   std::vector<std::vector<bool>> taken_;

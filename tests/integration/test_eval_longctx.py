@@ -12,7 +12,7 @@ import tempfile
 
 import cluster as C
 
-METHODS = ["full", "speckv", "specpc", "draftmap", "snapkv", "streamingllm"]
+METHODS = ["full", "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"]
 
 
 def run(args):
@@ -32,8 +32,8 @@ def test_one_sample_through_every_method():
     # Merging the rows gives the summary back.
     merged = run([f"--merge={rows_path}"])
   assert merged == summary
-  # full once per POP setting; 5 methods x 2 budgets x 2 POP settings.
-  assert len(summary) == 2 + 5 * 2 * 2, [(s["method"], s["budget"], s["pop"]) for s in summary]
+  # full once per POP setting; 6 methods x 2 budgets x 2 POP settings.
+  assert len(summary) == 2 + 6 * 2 * 2, [(s["method"], s["budget"], s["pop"]) for s in summary]
   by = {(r["method"], r["budget"], r["pop"]): r for r in rows}
   for pop in (False, True):
     full = by[("full", 1.0, pop)]

@@ -117,12 +117,13 @@ def expected_ids(prompt, method):
   if method == "draftmap":
     keep = [i for i in cli_draft(prompt, budget=BUDGET + 1)["keep"] if i < N - 1]
     return cli_trimmed(prompt, "draftmap", ["--trim_keep=" + ",".join(map(str, keep))])
-  if method == "snapkv":
-    return cli_trimmed(prompt, "snapkv", ["--trim_window=32"])
+  if method in ("snapkv", "pyramidkv"):
+    return cli_trimmed(prompt, method, ["--trim_window=32"])
   return cli_trimmed(prompt, "streamingllm")
 
 
-@pytest.mark.parametrize("method", ["speckv", "specpc", "draftmap", "snapkv", "streamingllm"])
+@pytest.mark.parametrize("method", [
+    "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"])
 def test_each_method_serves_what_the_single_process_tools_give(cluster, client, prompt, method):
   text, tripod, usage = complete(client, prompt, method, FRACTION)
   m = tripod["method"]
@@ -152,7 +153,8 @@ def test_streaming_reports_the_method_on_the_last_chunk(cluster, client, prompt)
   assert tripod is not None and tripod["method"]["applied"] is True
 
 
-@pytest.mark.parametrize("method", ["speckv", "specpc", "draftmap", "snapkv", "streamingllm"])
+@pytest.mark.parametrize("method", [
+    "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"])
 def test_a_budget_that_keeps_everything_changes_nothing(cluster, client, prompt, method):
   want, plain, _ = complete(client, prompt)
   assert plain["method"] is None

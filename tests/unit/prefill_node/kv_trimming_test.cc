@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/kv/pyramid_budgets.h"
 #include "decode_node/decode_engine.h"
 #include "gtest/gtest.h"
 #include "prefill_node/prefill_engine.h"
@@ -234,6 +235,30 @@ TEST_F(TrimEngineTest, PopScoresItsKvOnlyLayersWithQueriesFromTheirOwnStream) {
   }
 }
 
+// Greedy ids from a decode engine given a prompt's (maybe trimmed) KV.
+std::vector<int32_t> DecodeFrom(const std::vector<int32_t>& prompt, KvSnapshot kv, int n) {
+  DecodeEngineOptions d;
+  d.model_path = TestModelPath();
+  d.precision = "fp32";
+  std::unique_ptr<DecodeEngine> decode = *DecodeEngine::Create(d);
+  DecodeRequest req;
+  req.prompt = prompt;
+  req.max_tokens = n;
+  req.sampling.temperature = 0;
+  req.ignore_eos = true;
+  req.kv = std::make_shared<const KvSnapshot>(std::move(kv));
+  std::vector<int32_t> ids;
+  std::string error;
+  req.on_event = [&](const TokenEvent& e) {
+    if (e.token >= 0) ids.push_back(e.token);
+    if (e.finish == FinishReason::kError) error = e.error;
+  };
+  EXPECT_TRUE(decode->Submit(std::move(req)).ok());
+  EXPECT_TRUE(decode->RunUntilIdle().ok());
+  EXPECT_EQ(error, "");
+  return ids;
+}
+
 TEST_F(TrimEngineTest, DecodeGeneratesFromTrimmedKv) {
   const std::vector<int32_t> prompt = Prompt(100);
   TrimPolicy p;
@@ -242,27 +267,98 @@ TEST_F(TrimEngineTest, DecodeGeneratesFromTrimmedKv) {
   p.window = 8;
   p.lookahead = {42, 43};
   PrefillResult r = *engine_->RunTrimmed(prompt, p);
-  DecodeEngineOptions d;
-  d.model_path = TestModelPath();
-  d.precision = "fp32";
-  std::unique_ptr<DecodeEngine> decode = *DecodeEngine::Create(d);
-  DecodeRequest req;
-  req.prompt = prompt;
-  req.max_tokens = 6;
-  req.sampling.temperature = 0;
-  req.ignore_eos = true;
-  req.kv = std::make_shared<const KvSnapshot>(std::move(r.kv));
-  std::vector<int32_t> ids;
-  std::string error;
-  req.on_event = [&](const TokenEvent& e) {
-    if (e.token >= 0) ids.push_back(e.token);
-    if (e.finish == FinishReason::kError) error = e.error;
-  };
-  ASSERT_TRUE(decode->Submit(std::move(req)).ok());
-  ASSERT_TRUE(decode->RunUntilIdle().ok());
-  EXPECT_EQ(error, "");
-  EXPECT_EQ(ids.size(), 6u);
+  EXPECT_EQ(DecodeFrom(prompt, std::move(r.kv), 6).size(), 6u);
 }
 
+TEST_F(TrimEngineTest, PyramidKvKeepsEachLayerItsBudgetAtTheTopOfItsSlots) {
+  const std::vector<int32_t> prompt = Prompt(120);
+  const ModelConfig& c = engine_->model().config;
+  const int m = 119, budget = 40, window = 8;
+  TrimPolicy p;
+  p.method = TrimMethod::kPyramidKv;
+  p.budget = budget;
+  p.window = window;
+  absl::StatusOr<PrefillResult> got = engine_->RunTrimmed(prompt, p);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const KvSnapshot& kv = got->kv;
+  const std::vector<int> budgets = PyramidLayerBudgets(budget, window, c.n_layers, m);
+  ASSERT_EQ(kv.n_slots, budgets.front());
+  ASSERT_EQ(kv.layer_first.size(), static_cast<size_t>(c.n_layers));
+  // SnapKV at the same mean budget: each layer's pyramid selection nests with it (the same
+  // scores, the top-k of a smaller budget inside that of a larger one).
+  p.method = TrimMethod::kSnapKv;
+  const PrefillResult snap = *engine_->RunTrimmed(prompt, p);
+  for (int l = 0; l < c.n_layers; ++l) {
+    EXPECT_EQ(kv.layer_first[l], kv.n_slots - budgets[l]) << l;
+    for (int h = 0; h < c.n_kv_heads; ++h) {
+      const std::vector<int32_t> pos = HeadPositions(kv, l, h);
+      for (int j = 0; j < kv.layer_first[l]; ++j) ASSERT_EQ(pos[j], -1);
+      const std::vector<int32_t> kept(pos.begin() + kv.layer_first[l], pos.end());
+      const std::vector<int32_t> s = HeadPositions(snap.kv, l, h);
+      ASSERT_TRUE(std::is_sorted(kept.begin(), kept.end()));
+      for (int j = m - window; j < m; ++j) {
+        ASSERT_TRUE(std::binary_search(kept.begin(), kept.end(), j));
+      }
+      if (budgets[l] <= budget) {
+        EXPECT_TRUE(std::includes(s.begin(), s.end(), kept.begin(), kept.end())) << l << " " << h;
+      } else {
+        EXPECT_TRUE(std::includes(kept.begin(), kept.end(), s.begin(), s.end())) << l << " " << h;
+      }
+    }
+  }
+  // What a transfer sends is the uniform budget's bytes.
+  EXPECT_EQ(kv.kept_bytes(), snap.kv.kept_bytes());
+  EXPECT_EQ(DecodeFrom(prompt, kv, 6).size(), 6u);
+
+  // Equal per-layer budgets are SnapKV exactly.
+  p.method = TrimMethod::kPyramidKv;
+  p.layer_budgets.assign(c.n_layers, budget);
+  const PrefillResult flat = *engine_->RunTrimmed(prompt, p);
+  EXPECT_TRUE(flat.kv.layer_first.empty());
+  EXPECT_EQ(flat.kv.positions, snap.kv.positions);
+  EXPECT_EQ(flat.kv.k, snap.kv.k);
+
+  // Budgets that do not fit the model are refused.
+  p.layer_budgets.assign(c.n_layers + 1, budget);
+  EXPECT_EQ(engine_->RunTrimmed(prompt, p).status().code(), absl::StatusCode::kInvalidArgument);
+  p.layer_budgets.assign(c.n_layers, budget + 1);  // a mean above the budget
+  EXPECT_EQ(engine_->RunTrimmed(prompt, p).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(TrimEngineTest, DecodeNeverAttendsALayersPadding) {
+  // SnapKV's KV, and the same with 16 padding slots below every layer's entries (a whole K tile,
+  // so that the kernels group the kept entries as before): the decode engine must not see the
+  // padding, so both generate the same tokens. Were the padding attended, its (zero or stale)
+  // rows would take attention weight and change the output.
+  const std::vector<int32_t> prompt = Prompt(100);
+  TrimPolicy p;
+  p.method = TrimMethod::kSnapKv;
+  p.budget = 32;
+  p.window = 8;
+  KvSnapshot kv = engine_->RunTrimmed(prompt, p)->kv;
+  const KvLayout& l = kv.layout;
+  const int pad = 16, slots = kv.n_slots + pad;
+  KvSnapshot padded = kv;
+  padded.n_slots = slots;
+  padded.layer_first.assign(l.n_layers, pad);
+  padded.positions.clear();
+  padded.k.assign(size_t{1} * l.n_layers * l.n_kv_heads * slots * kv.row_bytes(), 0);
+  padded.v = padded.k;
+  for (int layer = 0; layer < l.n_layers; ++layer) {
+    for (int h = 0; h < l.n_kv_heads; ++h) {
+      padded.positions.insert(padded.positions.end(), pad, -1);
+      for (int s = 0; s < kv.n_slots; ++s) {
+        padded.positions.push_back(
+            kv.positions[(size_t{1} * layer * l.n_kv_heads + h) * kv.n_slots + s]);
+        std::memcpy(&padded.k[padded.offset(layer, h, pad + s)], &kv.k[kv.offset(layer, h, s)],
+                    kv.row_bytes());
+        std::memcpy(&padded.v[padded.offset(layer, h, pad + s)], &kv.v[kv.offset(layer, h, s)],
+                    kv.row_bytes());
+      }
+    }
+  }
+  ASSERT_TRUE(ValidateSnapshot(padded, 99).ok()) << ValidateSnapshot(padded, 99);
+  EXPECT_EQ(DecodeFrom(prompt, std::move(padded), 8), DecodeFrom(prompt, std::move(kv), 8));
+}
 }  // namespace
 }  // namespace tripod

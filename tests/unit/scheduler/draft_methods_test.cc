@@ -109,6 +109,13 @@ TEST(DraftMethodsTest, TrimmingMethodsCarryTheirParameters) {
   AppliedMethod s = ApplyMethod(DraftMethod::kStreamingLlm, 2, prompt, nullptr, params);
   EXPECT_EQ(s.trimming.method(), v1::TRIM_STREAMINGLLM);
   EXPECT_EQ(s.trimming.sink_tokens(), 2);
+  // PyramidKV: its per-layer budgets wait for the model's layer count (set at the reservation).
+  AppliedMethod py = ApplyMethod(DraftMethod::kPyramidKv, 100, prompt, nullptr, params);
+  ASSERT_EQ(py.error, "");
+  EXPECT_EQ(py.trimming.method(), v1::TRIM_PYRAMIDKV);
+  EXPECT_EQ(py.trimming.window(), 32);
+  EXPECT_EQ(py.trimming.layer_budgets_size(), 0);
+  EXPECT_EQ(py.kv_entries, 100);
   // A method that needs a map and has none.
   EXPECT_NE(ApplyMethod(DraftMethod::kSpecKv, 100, prompt, nullptr, params).error, "");
 }

@@ -378,6 +378,68 @@ TEST(PagedKvCacheTest, ImportTrimmedSetsLengthToKeptCountAndNeverPublishes) {
   EXPECT_TRUE(c->CheckConsistency().ok());
 }
 
+TEST(PagedKvCacheTest, PerLayerBudgetsSetEachLayersFirstVisibleSlot) {
+  // PyramidKV: layer 0 keeps 6 entries, layer 1 keeps 2, at the top of 6 slots (first slot 4).
+  auto c = NewCache(8);
+  const int slots = 6;
+  std::vector<int32_t> positions;
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < slots; ++j) positions.push_back(j * 2 + h);
+  }
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 0; j < slots; ++j) positions.push_back(j < 4 ? -1 : 10 + j + h);
+  }
+  KvSnapshot s = MakeSnapshot(slots, 5, positions);
+  s.layer_first = {0, 4};
+  s.plan_key = 1;
+  EXPECT_EQ(s.kept_bytes(), size_t{2} * (6 + 2) * 2 * 4 * 4);
+  const int32_t a = c->NewSequence(1);
+  ASSERT_TRUE(c->Import(a, s).ok());
+  EXPECT_EQ(c->length(a), slots);
+  EXPECT_EQ(c->Layer(a, 0).first_visible_slot, 0);
+  EXPECT_EQ(c->Layer(a, 1).first_visible_slot, 4);
+  const KvLayerRef r = c->Layer(a, 1);
+  for (int h = 0; h < 2; ++h) {
+    for (int j = 4; j < slots; ++j) {
+      EXPECT_EQ(reinterpret_cast<const float*>(r.k_at(j, h, 4))[1], Tag(5, 10 + j + h, 1, h, 0, 1));
+    }
+  }
+  // Decoding appends at slot 6 in every layer.
+  Fill(*c, a, Ids(3, 70), 6);
+  EXPECT_EQ(c->length(a), slots + 3);
+  EXPECT_EQ(c->Layer(a, 1).first_visible_slot, 4);
+
+  // A padding slot that names a position, or a first slot past the end, is refused.
+  KvSnapshot bad = s;
+  bad.positions[2 * slots] = 3;
+  const int32_t b = c->NewSequence(1);
+  EXPECT_EQ(c->Import(b, bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.layer_first = {0, 7};
+  EXPECT_EQ(c->Import(b, bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.layer_first = {0};
+  EXPECT_EQ(c->Import(b, bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c->capacity(b), 0);
+
+  // The same through a transfer's fill.
+  const int32_t d = c->NewSequence(1);
+  ASSERT_TRUE(c->EnsureCapacity(d, slots + 1));
+  const std::vector<int32_t> first = {0, 4};
+  EXPECT_FALSE(c->FinishExternalFill(d, slots, {}, 1, std::vector<int32_t>{0}).ok());
+  EXPECT_FALSE(c->FinishExternalFill(d, slots, {}, 1, std::vector<int32_t>{0, 9}).ok());
+  EXPECT_FALSE(c->FinishExternalFill(d, slots, Ids(slots, 0), 1, first).ok());
+  EXPECT_EQ(c->length(d), 0);
+  ASSERT_TRUE(c->FinishExternalFill(d, slots, {}, 1, first).ok());
+  EXPECT_EQ(c->Layer(d, 1).first_visible_slot, 4);
+  EXPECT_EQ(c->num_cached_blocks(), 0);
+  c->FreeSequence(a);
+  c->FreeSequence(b);
+  c->FreeSequence(d);
+  EXPECT_EQ(c->num_free_blocks(), 8);
+  EXPECT_TRUE(c->CheckConsistency().ok());
+}
+
 TEST(PagedKvCacheTest, ImportRejectsBadSnapshotsWithoutAllocating) {
   auto c = NewCache(4);
   const int32_t a = c->NewSequence(1);

@@ -245,6 +245,16 @@ TEST(KvChunkCodec, EndMessageChecksTotalsAndCoverage) {
   }
 }
 
+// One layer's slots [b, e) of transfer 7, numbered seq, with kept positions p (empty: untrimmed).
+v1::KvChunk LayerChunk(ContiguousKvCache& src, int layer, int b, int e,
+                       const std::vector<int32_t>& p, uint32_t seq) {
+  v1::KvChunk c;
+  EncodeKvChunk(src, 0, layer, layer + 1, b, e, &c, p);
+  c.set_transfer_id(7);
+  c.set_seq(seq);
+  return c;
+}
+
 TEST(KvChunkCodec, TrimmedPositionsAreChecked) {
   auto src = Cache(KvDtype::kF16);
   Fill(*src, 5);
@@ -259,11 +269,7 @@ TEST(KvChunkCodec, TrimmedPositionsAreChecked) {
     return p;
   };
   auto chunk = [&](int layer, int b, int e, std::vector<int32_t> p, uint32_t seq) {
-    v1::KvChunk c;
-    EncodeKvChunk(*src, 0, layer, layer + 1, b, e, &c, p);
-    c.set_transfer_id(7);
-    c.set_seq(seq);
-    return c;
+    return LayerChunk(*src, layer, b, e, p, seq);
   };
   {
     auto dst = Cache(KvDtype::kF16);
@@ -296,6 +302,67 @@ TEST(KvChunkCodec, TrimmedPositionsAreChecked) {
     std::vector<int32_t> p = positions(0, 1, 0, kSlots, 0);
     p.pop_back();
     EXPECT_FALSE(rx.Accept(chunk(0, 0, kSlots, p, 0), *dst, 0).ok());
+  }
+}
+
+TEST(KvChunkCodec, PerLayerFirstSlotsTakeOnlyEachLayersKeptEntries) {
+  // PyramidKV: layer l's entries fill slots [first[l], kSlots); nothing comes below.
+  auto src = Cache(KvDtype::kF16);
+  Fill(*src, 9);
+  const std::vector<int32_t> first = {0, 10, 30};
+  auto chunk = [&](int layer, int b, int e, bool trimmed, uint32_t seq) {
+    std::vector<int32_t> p;
+    for (int h = 0; trimmed && h < kHeads; ++h) {
+      for (int s = b; s < e; ++s) p.push_back(s);
+    }
+    return LayerChunk(*src, layer, b, e, p, seq);
+  };
+  {
+    auto dst = Cache(KvDtype::kF16);
+    KvChunkReceiver rx(7, dst->layout(), kSlots, 100, v1::KV_DTYPE_UNSPECIFIED, first);
+    std::vector<v1::KvChunk> sent;
+    for (int l = 0; l < kLayers; ++l) sent.push_back(chunk(l, first[l], kSlots, true, l));
+    for (const v1::KvChunk& c : sent) ASSERT_TRUE(rx.Accept(c, *dst, 0).ok());
+    ASSERT_TRUE(rx.Finish(End(sent)).ok());
+    EXPECT_TRUE(rx.complete());
+    uint64_t bytes = 0;
+    for (const v1::KvChunk& c : sent) bytes += c.payload().size();
+    EXPECT_EQ(rx.bytes(), bytes);
+    EXPECT_EQ(bytes, (40u + 30u + 10u) * kHeads * 2 * KvRowBytes(KvDtype::kF16, kHeadDim));
+  }
+  {
+    // A chunk below a layer's first slot is refused.
+    auto dst = Cache(KvDtype::kF16);
+    KvChunkReceiver rx(7, dst->layout(), kSlots, 100, v1::KV_DTYPE_UNSPECIFIED, first);
+    ASSERT_TRUE(rx.Accept(chunk(0, 0, kSlots, true, 0), *dst, 0).ok());
+    absl::Status st = rx.Accept(chunk(1, 0, kSlots, true, 1), *dst, 0);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("expects slot 10"), std::string::npos) << st;
+  }
+  {
+    // Per-layer first slots are for trimmed KV: an untrimmed chunk is refused.
+    auto dst = Cache(KvDtype::kF16);
+    KvChunkReceiver rx(7, dst->layout(), kSlots, 100, v1::KV_DTYPE_UNSPECIFIED, first);
+    absl::Status st = rx.Accept(chunk(0, 0, kSlots, false, 0), *dst, 0);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("not trimmed"), std::string::npos) << st;
+  }
+  {
+    // Without them, the sender's per-layer chunks leave a gap: refused.
+    auto dst = Cache(KvDtype::kF16);
+    KvChunkReceiver rx(7, dst->layout(), kSlots, 100);
+    ASSERT_TRUE(rx.Accept(chunk(0, 0, kSlots, true, 0), *dst, 0).ok());
+    absl::Status st = rx.Accept(chunk(1, 10, kSlots, true, 1), *dst, 0);
+    EXPECT_NE(st.message().find("a gap"), std::string::npos) << st;
+  }
+  {
+    // A layer that never gets its kept slots fails the end check.
+    auto dst = Cache(KvDtype::kF16);
+    KvChunkReceiver rx(7, dst->layout(), kSlots, 100, v1::KV_DTYPE_UNSPECIFIED, first);
+    std::vector<v1::KvChunk> sent;
+    for (int l = 0; l < 2; ++l) sent.push_back(chunk(l, first[l], kSlots, true, l));
+    for (const v1::KvChunk& c : sent) ASSERT_TRUE(rx.Accept(c, *dst, 0).ok());
+    EXPECT_FALSE(rx.Finish(End(sent)).ok());
   }
 }
 
