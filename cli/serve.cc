@@ -66,6 +66,10 @@ ABSL_FLAG(int, draft_workers, 1,
 ABSL_FLAG(std::string, prometheus_targets, "",
           "serve: write every process's /metrics address to this file, in Prometheus's file_sd "
           "format (deploy/prometheus/prometheus.yml reads deploy/prometheus/targets/*.json)");
+ABSL_FLAG(std::string, tls_dir, "",
+          "serve: mutual TLS on every gRPC channel, from a directory laid out as "
+          "scripts/make_test_ca makes it (ca.pem, and <role>.pem and <role>.key for scheduler, "
+          "prefill, decode and draft); empty: plaintext on loopback");
 ABSL_FLAG(bool, workers_only, false,
           "serve: start and supervise the workers only, no scheduler (for debugging)");
 
@@ -570,16 +574,26 @@ absl::Status ServeMain() {
   Supervisor sup(tmpl, ChildEnvironment(), static_cast<size_t>(n_prefill + n_decode + n_draft + 1));
   const std::vector<std::string> common = {"--model=" + model, absl::StrCat("--threads=", threads),
                                            "--precision=" + absl::GetFlag(FLAGS_precision)};
+  // Each child's TLS flags (the worker checks the files itself and says what is wrong).
+  const std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
+  auto tls = [&tls_dir](Child& c, const char* role) {
+    if (tls_dir.empty()) return;
+    c.args.push_back("--tls_ca=" + tls_dir + "/ca.pem");
+    c.args.push_back(absl::StrCat("--tls_cert=", tls_dir, "/", role, ".pem"));
+    c.args.push_back(absl::StrCat("--tls_key=", tls_dir, "/", role, ".key"));
+  };
   std::vector<Child*> workers, decoders, prefillers;
   for (int i = 0; i < n_decode; ++i) {
     Child c{.name = absl::StrCat("decode-", i), .binary = dir + "/tripod-decode", .args = common};
     c.args.push_back("--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype));
+    tls(c, "decode");
     assign_cpus(c);
     decoders.push_back(&sup.Add(std::move(c)));
   }
   for (int i = 0; i < n_prefill; ++i) {
     Child c{.name = absl::StrCat("prefill-", i), .binary = dir + "/tripod-prefill", .args = common};
     c.args.push_back("--pop_ratio=" + pop);
+    tls(c, "prefill");
     assign_cpus(c);
     prefillers.push_back(&sup.Add(std::move(c)));
   }
@@ -591,6 +605,7 @@ absl::Status ServeMain() {
     if (const int layers = absl::GetFlag(FLAGS_draft_layers); layers > 0) {
       c.args.push_back(absl::StrCat("--draft_layers=", layers));
     }
+    tls(c, "draft");
     const std::vector<Child*>& beside = prefillers.empty() ? decoders : prefillers;
     c.cpus = beside[i % beside.size()]->cpus;
     drafters.push_back(&sup.Add(std::move(c)));
@@ -624,6 +639,7 @@ absl::Status ServeMain() {
     c.args = {"--model=" + model, "--decode=" + addresses(decoders)};
     if (!prefillers.empty()) c.args.push_back("--prefill=" + addresses(prefillers));
     if (!drafters.empty()) c.args.push_back("--draft=" + addresses(drafters));
+    tls(c, "scheduler");
     c.grpc_host = host;
     c.http_host = host;
     c.http_port = port;

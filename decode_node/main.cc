@@ -28,6 +28,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/stop_signals.h"
+#include "common/rpc/tls_flags.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
@@ -89,6 +90,12 @@ int Run(const sigset_t& signals) {
       return 2;
     }
   }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = SetUpGrpcTlsFromFlags();
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "tripod-decode: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_threads) > 0) SetComputeThreads(absl::GetFlag(FLAGS_threads));
 
   DecodeEngineOptions eo;
@@ -126,8 +133,7 @@ int Run(const sigset_t& signals) {
 
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
-                           &grpc_port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &grpc_port);
   builder.RegisterService(service.get());
   ConfigureWorkerServer(builder);
   // Every Generate call holds a handler thread for its whole stream.

@@ -21,6 +21,7 @@
 #include "common/rpc/model_identity.h"
 #include "common/rpc/protocol.h"
 #include "common/rpc/stop_signals.h"
+#include "common/rpc/tls_flags.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -66,6 +67,8 @@ absl::Status Serve(const sigset_t& signals) {
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   RETURN_IF_ERROR(ParseHostPort("listen", listen).status());
+  ASSIGN_OR_RETURN(const std::shared_ptr<grpc::ServerCredentials> credentials,
+                   SetUpGrpcTlsFromFlags());
   ASSIGN_OR_RETURN(HostPort http_addr,
                    ParseHostPort("http_listen", absl::GetFlag(FLAGS_http_listen)));
   if (threads > 0) SetComputeThreads(threads);
@@ -104,7 +107,7 @@ absl::Status Serve(const sigset_t& signals) {
 
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &grpc_port);
+  builder.AddListeningPort(listen, credentials, &grpc_port);
   builder.RegisterService(&service);
   ConfigureWorkerServer(builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

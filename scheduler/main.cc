@@ -26,6 +26,7 @@
 #include "common/metrics/metrics.h"
 #include "common/model/bundled_model.h"
 #include "common/rpc/stop_signals.h"
+#include "common/rpc/tls_flags.h"
 #include "common/rpc/worker_server.h"
 #include "grpcpp/grpcpp.h"
 #include "scheduler/api_keys.h"
@@ -156,6 +157,8 @@ int Run(const sigset_t& signals) {
   if (absl::Status st = CheckFlags(ro); !st.ok()) return Fail(st);
   absl::StatusOr<HostPort> http_at = ParseHostPort("http_listen", absl::GetFlag(FLAGS_http_listen));
   if (!http_at.ok()) return Fail(http_at.status());
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = SetUpGrpcTlsFromFlags();
+  if (!credentials.ok()) return Fail(credentials.status());
   absl::StatusOr<ApiKeys> keys =
       ApiKeys::Load(absl::GetFlag(FLAGS_api_key), absl::GetFlag(FLAGS_api_key_file));
   if (!keys.ok()) return Fail(keys.status());
@@ -199,8 +202,7 @@ int Run(const sigset_t& signals) {
   CompletionService completion(model->get(), &dispatcher, &*keys);
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(),
-                           &grpc_port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &grpc_port);
   builder.RegisterService(&completion);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/tls.h"
 
 namespace tripod {
 
@@ -55,8 +56,7 @@ grpc::ChannelArguments WorkerChannelArguments() {
 }
 
 std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(),
-                                   WorkerChannelArguments());
+  return grpc::CreateCustomChannel(address, WorkerChannelCredentials(), WorkerChannelArguments());
 }
 
 }  // namespace tripod

@@ -33,6 +33,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // Channel arguments for worker-to-worker channels: messages up to 8 MiB (a KV chunk is 1 MiB
 // plus its header), keepalive so that a dead peer is noticed.
 grpc::ChannelArguments WorkerChannelArguments();
+// A channel to a worker, with those arguments and the process's worker-channel credentials
+// (mutual TLS once SetWorkerChannelCredentials has set them, tls.h; plaintext otherwise).
 std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address);
 
 }  // namespace tripod

@@ -85,7 +85,8 @@ class Worker:
   """One process (tripod-prefill, tripod-decode, tripod-draft or tripod-scheduler) with its stub
   and HTTP port."""
 
-  def __init__(self, role, args, name=None, env=None, netns=None, connect=True, prefix=()):
+  def __init__(self, role, args, name=None, env=None, netns=None, connect=True, prefix=(),
+               credentials=None):
     self.role = role
     self.name = name or role
     self.dir = tempfile.mkdtemp(prefix=f"tripod_{self.name}_")
@@ -118,8 +119,11 @@ class Worker:
     self.address = f"{self.host}:{self.grpc_port}"
     if not connect:  # in another network namespace: this process cannot reach it
       return
-    self.channel = grpc.insecure_channel(self.address, options=[
-        ("grpc.max_receive_message_length", 8 << 20), ("grpc.max_send_message_length", 8 << 20)])
+    options = [("grpc.max_receive_message_length", 8 << 20),
+               ("grpc.max_send_message_length", 8 << 20)]
+    # credentials: grpc.ssl_channel_credentials(...) for a worker that runs mutual TLS.
+    self.channel = (grpc.insecure_channel(self.address, options=options) if credentials is None
+                    else grpc.secure_channel(self.address, credentials, options=options))
     self.stub = {"prefill": pgrpc.PrefillStub, "decode": dgrpc.DecodeStub,
                  "draft": rgrpc.DraftStub, "scheduler": cgrpc.CompletionStub}[role](self.channel)
     self.url = f"http://{self.host}:{self.http_port}"
@@ -227,19 +231,19 @@ class Cluster:
 
   def prefill(self, **args):
     name = args.pop("name", None)
-    w = Worker("prefill", args, name=name)
+    w = Worker("prefill", args, name=name, credentials=args.pop("credentials", None))
     self.workers.append(w)
     return w
 
   def decode(self, **args):
     name = args.pop("name", None)
-    w = Worker("decode", args, name=name)
+    w = Worker("decode", args, name=name, credentials=args.pop("credentials", None))
     self.workers.append(w)
     return w
 
   def draft(self, **args):
     name = args.pop("name", None)
-    w = Worker("draft", args, name=name)
+    w = Worker("draft", args, name=name, credentials=args.pop("credentials", None))
     self.workers.append(w)
     return w
 
@@ -255,7 +259,7 @@ class Cluster:
     if draft:
       args["draft"] = addr(draft)
     args.setdefault("health_interval_ms", 500)
-    w = Worker("scheduler", args, name=name)
+    w = Worker("scheduler", args, name=name, credentials=args.pop("credentials", None))
     self.workers.append(w)
     if wait_ready:
       wait_until(lambda: w.http_get("/health")[0] == 200, 60, "scheduler ready")
