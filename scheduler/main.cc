@@ -78,6 +78,9 @@ ABSL_FLAG(int64_t, health_interval_ms, 2000, "how often every worker's Health is
 ABSL_FLAG(int64_t, health_timeout_ms, 1000, "one Health call's deadline");
 ABSL_FLAG(int, unhealthy_after, 2, "failed checks in a row that take a worker out of routing");
 ABSL_FLAG(int, io_threads, 1, "HTTP I/O threads");
+ABSL_FLAG(std::string, http_tls_cert, "",
+          "HTTPS on the API: the server's certificate chain (PEM); with --http_tls_key");
+ABSL_FLAG(std::string, http_tls_key, "", "HTTPS on the API: --http_tls_cert's private key (PEM)");
 ABSL_FLAG(int64_t, grace_ms, 10000,
           "on SIGTERM/SIGINT, how long accepted requests may take to finish before they are "
           "cancelled");
@@ -191,6 +194,12 @@ int Run(const sigset_t& signals) {
   HttpApi api(HttpApiConfig{model->get(), &dispatcher, &registry, &*keys});
   http::HttpServerOptions hopt;
   hopt.io_threads = absl::GetFlag(FLAGS_io_threads);
+  const std::string tls_cert = absl::GetFlag(FLAGS_http_tls_cert);
+  const std::string tls_key = absl::GetFlag(FLAGS_http_tls_key);
+  if (tls_cert.empty() != tls_key.empty()) {
+    return Fail(absl::InvalidArgumentError("HTTPS needs both --http_tls_cert and --http_tls_key"));
+  }
+  if (!tls_cert.empty()) hopt.tls = http::HttpTlsFiles{tls_cert, tls_key};
   absl::StatusOr<std::unique_ptr<http::HttpServer>> http = http::HttpServer::Start(
       http_at->host, http_at->port,
       [&api](std::shared_ptr<http::HttpExchange> ex) { api.Handle(std::move(ex)); }, hopt);

@@ -9,6 +9,10 @@
 // formatted here as bytes and written from a queue, one gathered write at a time.
 #include "common/http/http_server.h"
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
+
 #include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -53,6 +57,45 @@ constexpr std::chrono::milliseconds kLinger{2000};
 constexpr size_t kMaxLingerBytes = 64 * 1024;
 // At most this many queued pieces go into one gathered write.
 constexpr size_t kMaxWriteBuffers = 64;
+
+std::string OpenSslErrors() {
+  std::string out;
+  while (const unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    if (!out.empty()) out += "; ";
+    out += buf;
+  }
+  return out.empty() ? "unknown error" : out;
+}
+
+// The server's TLS context: the certificate chain and key, TLS 1.2 at least.
+absl::StatusOr<SSL_CTX*> NewTlsContext(const HttpTlsFiles& files) {
+  ERR_clear_error();
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx == nullptr) return absl::InternalError("http server: SSL_CTX_new: " + OpenSslErrors());
+  auto fail = [ctx](std::string what) {
+    std::string detail = OpenSslErrors();
+    SSL_CTX_free(ctx);
+    return absl::InvalidArgumentError(absl::StrCat("http server: ", what, " (", detail, ")"));
+  };
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  // Idle connections (thousands of open streams) give their read and write buffers back.
+  SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+  if (SSL_CTX_use_certificate_chain_file(ctx, files.cert_file.c_str()) != 1) {
+    return fail(absl::StrCat("cannot load the certificate chain ", files.cert_file));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx, files.key_file.c_str(), SSL_FILETYPE_PEM) != 1) {
+    if (ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH) {
+      return fail(absl::StrCat(files.key_file, " is not the private key of ", files.cert_file));
+    }
+    return fail(absl::StrCat("cannot load the private key ", files.key_file));
+  }
+  if (SSL_CTX_check_private_key(ctx) != 1) {
+    return fail(absl::StrCat(files.key_file, " is not the private key of ", files.cert_file));
+  }
+  return ctx;
+}
 
 // What an exchange asks of its connection.
 enum Delivery : int { kWhole, kWholeThenClose, kStreamHead, kPiece, kEnd, kCut };
@@ -151,6 +194,9 @@ namespace internal {
 // outlives any exchange a handler keeps after the server is gone); connections point at it.
 struct ServerCore : std::enable_shared_from_this<ServerCore> {
   explicit ServerCore(int threads) : ioc(threads) {}
+  ~ServerCore() {
+    if (tls != nullptr) SSL_CTX_free(tls);
+  }
 
   void Register(uint64_t id, std::weak_ptr<Connection> c) {
     MutexLock lock(&mu);
@@ -164,6 +210,7 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
 
   Handler handler;
   HttpServerOptions options;
+  SSL_CTX* tls = nullptr;  // HTTPS; connections hold references of their own
   std::atomic<bool> stopped{false};
   Mutex mu;
   CondVar cv;  // signalled when the last connection closes
@@ -246,6 +293,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   ~Connection() {
     // Only a connection that never closed (its handlers destroyed unrun) is still registered.
     if (phase_ != Phase::kClosed) core_->Unregister(id_);
+    if (ssl_ != nullptr) SSL_free(ssl_);  // and its memory BIOs
   }
 
   const Strand& strand() const { return strand_; }
@@ -260,6 +308,20 @@ class Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     socket_.set_option(tcp::no_delay(true), ec);  // SSE pieces are small and latency-bound
+    if (core_->tls != nullptr) {
+      ssl_ = SSL_new(core_->tls);
+      BIO* in = BIO_new(BIO_s_mem());
+      BIO* out = BIO_new(BIO_s_mem());
+      if (ssl_ == nullptr || in == nullptr || out == nullptr) {
+        BIO_free(in);
+        BIO_free(out);
+        ERR_clear_error();
+        Close();
+        return;
+      }
+      SSL_set_bio(ssl_, in, out);  // the SSL owns them now
+      SSL_set_accept_state(ssl_);
+    }
     NewParser();
     SetDeadline(opt_.read_timeout);
     WaitReadable();
@@ -363,11 +425,58 @@ class Connection : public std::enable_shared_from_this<Connection> {
         Close();
         return;
       }
-      OnBytes(buf, n);
+      if (ssl_ != nullptr && phase_ != Phase::kLingering) {
+        if (!Decrypt(buf, n)) return;
+      } else {
+        OnBytes(buf, n);
+      }
       if (phase_ == Phase::kClosed) return;
       if (n < sizeof(buf)) break;
     }
     WaitReadable();
+  }
+
+  // TLS: ciphertext in, plaintext to OnBytes, and whatever the handshake has to say queued for
+  // the socket. False when the connection closed (a TLS error, the client's close_notify).
+  bool Decrypt(const char* data, size_t n) {
+    if (BIO_write(SSL_get_rbio(ssl_), data, static_cast<int>(n)) != static_cast<int>(n)) {
+      ERR_clear_error();
+      Close();
+      return false;
+    }
+    char plain[kReadChunk];
+    for (;;) {
+      const int got = SSL_read(ssl_, plain, sizeof(plain));
+      if (got > 0) {
+        OnBytes(plain, static_cast<size_t>(got));
+        if (phase_ == Phase::kClosed) return false;
+        continue;
+      }
+      const int err = SSL_get_error(ssl_, got);
+      if (err == SSL_ERROR_WANT_READ) break;
+      // A failed handshake (a plaintext client, an unknown CA on its side) or the client's
+      // close_notify: it is gone.
+      ERR_clear_error();
+      Close();
+      return false;
+    }
+    QueueTlsOutput(0);
+    return phase_ != Phase::kClosed;
+  }
+
+  // Moves what OpenSSL has written to its memory BIO onto the write queue.
+  void QueueTlsOutput(size_t counted) {
+    BIO* out = SSL_get_wbio(ssl_);
+    const size_t pending = BIO_ctrl_pending(out);
+    if (pending == 0) {
+      if (counted > 0 && current_ != nullptr) current_->queued.fetch_sub(counted);
+      return;
+    }
+    std::string bytes(pending, '\0');
+    const int got = BIO_read(out, bytes.data(), static_cast<int>(pending));
+    bytes.resize(got > 0 ? static_cast<size_t>(got) : 0);
+    out_.push_back({std::move(bytes), counted});
+    if (!writing_) WriteNext();
   }
 
   void OnBytes(const char* data, size_t n) {
@@ -502,6 +611,17 @@ class Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void Enqueue(std::string bytes, size_t counted) {
+    if (ssl_ != nullptr) {
+      // Encrypted as it is queued: the records keep the pieces' order with the handshake's.
+      if (!bytes.empty() && SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size())) <= 0) {
+        ERR_clear_error();
+        if (counted > 0 && current_ != nullptr) current_->queued.fetch_sub(counted);
+        Close();
+        return;
+      }
+      QueueTlsOutput(counted);
+      return;
+    }
     out_.push_back({std::move(bytes), counted});
     if (!writing_) WriteNext();
   }
@@ -574,6 +694,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     std::string().swap(inbuf_);
     parser_.reset();
     error_code ec;
+    if (ssl_ != nullptr) {
+      // TLS says the end first (close_notify): one short record, written as it stands.
+      SSL_shutdown(ssl_);
+      ERR_clear_error();
+      BIO* out = SSL_get_wbio(ssl_);
+      std::string bytes(BIO_ctrl_pending(out), '\0');
+      const int got = BIO_read(out, bytes.data(), static_cast<int>(bytes.size()));
+      if (got > 0) asio::write(socket_, asio::buffer(bytes.data(), static_cast<size_t>(got)), ec);
+      ec.clear();
+    }
     socket_.shutdown(tcp::socket::shutdown_send, ec);
     if (ec) {
       Close();
@@ -627,6 +757,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::string> inflight_;
   size_t inflight_counted_ = 0;
   bool writing_ = false;
+  SSL* ssl_ = nullptr;  // TLS: the session over two memory BIOs (see Decrypt, Enqueue)
 };
 
 }  // namespace internal
@@ -793,6 +924,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const std::string&
   auto impl = std::make_unique<Impl>(options.io_threads);
   impl->core->handler = std::move(handler);
   impl->core->options = options;
+  if (options.tls.has_value()) {
+    absl::StatusOr<SSL_CTX*> ctx = NewTlsContext(*options.tls);
+    if (!ctx.ok()) return ctx.status();
+    impl->core->tls = *ctx;
+  }
 
   error_code ec;
   tcp::endpoint endpoint;

@@ -26,12 +26,19 @@
 //  * After an answer that closes the connection, the server half-closes and drops what the
 //    client still sends for a moment (bounded), so that the client reads the answer before the
 //    socket closes instead of losing it to a reset.
+//  * TLS (HttpServerOptions::tls): OpenSSL runs over memory buffers between the socket and the
+//    parser, so that the connection keeps its shape (readiness waits, non-blocking reads, one
+//    gathered write at a time): received bytes are decrypted before parsing, handshake records
+//    and encrypted responses go out through the same write queue, and the limits above count
+//    the plaintext (the handshake falls under read_timeout). A client that does not speak TLS
+//    is closed without an answer.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -92,8 +99,15 @@ class HttpExchange {
 
 using Handler = std::function<void(std::shared_ptr<HttpExchange>)>;  // called on an I/O thread
 
+// The server's certificate chain and private key, PEM files (TLS 1.2 and later).
+struct HttpTlsFiles {
+  std::string cert_file;
+  std::string key_file;
+};
+
 struct HttpServerOptions {
   int io_threads = 1;
+  std::optional<HttpTlsFiles> tls;          // HTTPS; Start refuses files that do not load
   size_t max_header_bytes = 16 * 1024;      // over: 431 and close
   size_t max_body_bytes = 8 * 1024 * 1024;  // over: 413 and close
   // The whole request must arrive within this, from its first byte (a new connection: from the
@@ -111,7 +125,8 @@ struct HttpServerOptions {
 class HttpServer {
  public:
   // Listens on address:port (an IP address or a host name; port 0: any free port, see port()).
-  // An address that does not resolve or a port that cannot be bound is an error status.
+  // An address that does not resolve, a port that cannot be bound, or TLS files that do not load
+  // (or a key that is not the certificate's) is an error status.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const std::string& address, int port,
                                                            Handler handler,
                                                            HttpServerOptions options = {});

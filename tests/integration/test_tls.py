@@ -10,18 +10,25 @@ processes on loopback and certificates from scripts/make_test_ca:
     deployment's CA gets its answer;
   * a scheduler without the deployment's certificates never routes to the TLS workers;
   * `tripod serve --tls_dir` runs the whole local cluster (draft hop included) over mutual TLS;
+  * the API over HTTPS (--http_tls_cert/--http_tls_key): the `openai` client, streaming too,
+    gets what the plaintext API gives; a plaintext client gets no answer and a client that does
+    not trust the CA refuses the server;
   * bad flag sets (one file of three, a key that is not the certificate's, a certificate another
     CA signed, a file that is not PEM) stop a process at start with a message naming the flag.
 """
 
+import http.client
 import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import grpc
 import openai
@@ -187,3 +194,72 @@ def test_serve_runs_the_local_cluster_over_mutual_tls(pki):
     except subprocess.TimeoutExpired:
       os.killpg(proc.pid, signal.SIGKILL)
       proc.wait(timeout=30)
+
+
+def https_get(url, ca):
+  """(status, body) of GET url over TLS verified against ca (a CA file), or raises."""
+  ctx = ssl.create_default_context(cafile=ca)
+  with urllib.request.urlopen(url, context=ctx, timeout=10) as r:
+    return r.status, r.read().decode()
+
+
+@pytest.fixture(scope="module")
+def https_scheduler(tls_cluster, pki):
+  ours, _ = pki
+  with C.Cluster() as c:
+    s = c.scheduler(prefill=[tls_cluster.p], decode=[tls_cluster.d], direct_prefill_tokens=1,
+                    wait_ready=False, http_tls_cert=os.path.join(ours, "scheduler.pem"),
+                    http_tls_key=os.path.join(ours, "scheduler.key"), **flags(ours, "scheduler"))
+    s.https = f"https://127.0.0.1:{s.http_port}"
+    ca = os.path.join(ours, "ca.pem")
+    C.wait_until(lambda: https_get(s.https + "/health", ca)[0] == 200, 60, "scheduler ready")
+    yield s, ca
+
+
+def test_the_api_serves_https(https_scheduler, tls_cluster):
+  s, ca = https_scheduler
+  client = openai.OpenAI(base_url=s.https + "/v1", api_key="unused", max_retries=0, timeout=120,
+                         http_client=openai.DefaultHttpxClient(
+                             verify=ssl.create_default_context(cafile=ca)))
+  r = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8, temperature=0)
+  whole = r.choices[0].text
+  assert r.usage.completion_tokens == 8
+  assert whole == complete(tls_cluster.s)[0]  # the plaintext API's answer
+  # Streaming (server-sent events through TLS records), several requests on one connection.
+  for _ in range(2):
+    text = ""
+    for chunk in client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8,
+                                           temperature=0, stream=True):
+      if chunk.choices:
+        text += chunk.choices[0].text
+    assert text == whole
+  status, body = https_get(s.https + "/metrics", ca)
+  assert status == 200 and "tripod:" in body
+
+
+def test_https_refuses_plaintext_and_untrusting_clients(https_scheduler):
+  s, _ = https_scheduler
+  # Plain HTTP to the TLS port: closed without an answer.
+  with pytest.raises((ConnectionError, http.client.HTTPException, urllib.error.URLError)):
+    urllib.request.urlopen(f"http://127.0.0.1:{s.http_port}/health", timeout=10).read()
+  # A client that does not trust the deployment's CA refuses the server.
+  with pytest.raises(urllib.error.URLError) as e:
+    https_get(s.https + "/health", None)
+  assert isinstance(e.value.reason, ssl.SSLCertVerificationError), e.value
+  # The server is still serving afterwards.
+  assert https_get(s.https + "/health", https_scheduler[1])[0] == 200
+
+
+def test_https_flags_come_in_pairs_and_must_load(pki):
+  ours, _ = pki
+  for args, words in (([f"--http_tls_cert={ours}/scheduler.pem"], "both --http_tls_cert"),
+                      ([f"--http_tls_cert={ours}/scheduler.pem",
+                        f"--http_tls_key={ours}/decode.key"], "is not the private key"),
+                      ([f"--http_tls_cert={ours}/missing.pem",
+                        f"--http_tls_key={ours}/scheduler.key"], "cannot load the certificate")):
+    out = subprocess.run([C.binary("scheduler"), "--listen=127.0.0.1:0",
+                          "--http_listen=127.0.0.1:0", f"--model={C.MODEL}",
+                          "--decode=127.0.0.1:1", *args], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0, out
+    assert words in out.stderr, (args, out.stderr)
