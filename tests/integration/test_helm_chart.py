@@ -35,6 +35,8 @@ VALUE_SETS = {
                        "apiKeys": {"keys": ["sk-one", "sk-two"]},
                        "draft": {"replicas": 0},
                        "model": {"hostPath": "/srv/models", "fetch": False}},
+    "tls": {"grpcTls": {"enabled": True}, "apiTls": {"secretName": "llm-api-tls"},
+            "metrics": {"serviceMonitor": {"enabled": True}}},
 }
 
 
@@ -69,7 +71,10 @@ def test_lint_and_schemas(name):
       # A Prometheus Operator CRD, not in Kubernetes' schemas: its shape by hand.
       assert d["apiVersion"] == "monitoring.coreos.com/v1"
       assert d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
-      assert d["spec"]["endpoints"] == [{"port": "http", "path": "/metrics", "interval": "15s"}]
+      ep = d["spec"]["endpoints"]
+      assert len(ep) == 1 and {k: ep[0][k] for k in ("port", "path", "interval")} == \
+          {"port": "http", "path": "/metrics", "interval": "15s"}
+      assert set(ep[0]) <= {"port", "path", "interval", "scheme", "tlsConfig"}
       continue
     kv.validate(d, "1.30", strict=True)
 
@@ -82,7 +87,7 @@ def test_default_values_render_every_role():
   for d in deps.values():
     assert d["spec"]["replicas"] == 1
     c = container(d)
-    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
     assert c["livenessProbe"]["httpGet"]["path"] == "/metrics"
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
     pod = d["spec"]["template"]
@@ -164,3 +169,31 @@ def test_an_existing_secret_is_named_not_made():
   sched = by_kind(docs, "Deployment")["demo-tripod-scheduler"]
   vols = {v["name"]: v for v in sched["spec"]["template"]["spec"]["volumes"]}
   assert vols["api-keys"]["secret"]["secretName"] == "prod-keys"
+
+
+def test_tls_mounts_each_roles_secret_and_passes_its_flags():
+  docs, _ = render(VALUE_SETS["tls"])
+  deps = by_kind(docs, "Deployment")
+  for role in ("scheduler", "prefill", "decode", "draft"):
+    d = deps[f"demo-tripod-{role}"]
+    c = container(d)
+    for flag in ("--tls_ca=/etc/tripod/tls/ca.crt", "--tls_cert=/etc/tripod/tls/tls.crt",
+                 "--tls_key=/etc/tripod/tls/tls.key"):
+      assert flag in c["args"], (role, c["args"])
+    vols = {v["name"]: v for v in d["spec"]["template"]["spec"]["volumes"]}
+    assert vols["grpc-tls"]["secret"]["secretName"] == f"demo-tripod-tls-{role}"
+    assert {"name": "grpc-tls", "mountPath": "/etc/tripod/tls", "readOnly": True} in \
+        c["volumeMounts"]
+    # Worker probes stay on their plain HTTP port; the scheduler's follow its API to HTTPS.
+    scheme = "HTTPS" if role == "scheduler" else "HTTP"
+    assert c["readinessProbe"]["httpGet"]["scheme"] == scheme, role
+  sched = container(deps["demo-tripod-scheduler"])
+  assert "--http_tls_cert=/etc/tripod/api-tls/tls.crt" in sched["args"]
+  assert "--http_tls_key=/etc/tripod/api-tls/tls.key" in sched["args"]
+  monitor = by_kind(docs, "ServiceMonitor")["demo-tripod-scheduler"]["spec"]["endpoints"][0]
+  assert monitor["scheme"] == "https"
+  assert monitor["tlsConfig"]["ca"]["secret"] == {"name": "llm-api-tls", "key": "ca.crt"}
+  # Without TLS values nothing of it appears.
+  plain, _ = render({})
+  for d in by_kind(plain, "Deployment").values():
+    assert not any(a.startswith(("--tls_", "--http_tls")) for a in container(d)["args"])

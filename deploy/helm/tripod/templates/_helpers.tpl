@@ -60,17 +60,20 @@ initContainers:
 
 {{/* Probes on the process's HTTP port: readiness on /health (503 while draining, so a
 draining pod leaves the Service), liveness on /metrics (200 while the process lives). */}}
+{{- /* Probes on the HTTP port; the argument: a dict with "scheme" (HTTP or HTTPS). */ -}}
 {{- define "tripod.probes" -}}
 readinessProbe:
   httpGet:
     path: /health
     port: http
+    scheme: {{ .scheme }}
   periodSeconds: 5
   failureThreshold: 2
 livenessProbe:
   httpGet:
     path: /metrics
     port: http
+    scheme: {{ .scheme }}
   initialDelaySeconds: 30
   periodSeconds: 10
   failureThreshold: 6
@@ -78,8 +81,33 @@ startupProbe:
   httpGet:
     path: /metrics
     port: http
+    scheme: {{ .scheme }}
   periodSeconds: 5
   failureThreshold: 60
+{{- end -}}
+
+{{- /* gRPC mutual TLS for one role: the flags, the mount and the volume ((list root role)). */ -}}
+{{- define "tripod.grpcTlsArgs" -}}
+{{- if (index . 0).Values.grpcTls.enabled }}
+- --tls_ca=/etc/tripod/tls/ca.crt
+- --tls_cert=/etc/tripod/tls/tls.crt
+- --tls_key=/etc/tripod/tls/tls.key
+{{- end }}
+{{- end -}}
+{{- define "tripod.grpcTlsMount" -}}
+{{- if .Values.grpcTls.enabled }}
+- name: grpc-tls
+  mountPath: /etc/tripod/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+{{- define "tripod.grpcTlsVolume" -}}
+{{- $root := index . 0 -}}
+{{- if $root.Values.grpcTls.enabled }}
+- name: grpc-tls
+  secret:
+    secretName: {{ $root.Values.grpcTls.secretPrefix | default (printf "%s-tls" (include "tripod.fullname" $root)) }}-{{ index . 1 }}
+{{- end }}
 {{- end -}}
 
 {{- define "tripod.scrapeAnnotations" -}}
