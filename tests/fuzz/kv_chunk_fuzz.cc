@@ -3,7 +3,8 @@
 // request, so that the write path runs too) and, now and then, raw protobuf bytes, fed to one
 // KvChunkReceiver over a two-sequence cache. The promise checked: a chunk never writes outside
 // its reservation (sequence 1 is a canary that must stay as filled), an accepted chunk's ranges
-// lie inside the reservation, and nothing is accepted after a refusal.
+// lie inside the reservation (and above each layer's first slot, when the reservation has them),
+// and nothing is accepted after a refusal.
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cstdint>
@@ -71,7 +72,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const std::string canary = Bytes(kv, 1);
 
-  KvChunkReceiver rx(42, kv.layout(), n_slots, n_positions, expected);
+  // Now and then per-layer first slots (PyramidKV's reservations): nothing lands below them.
+  std::vector<int32_t> layer_first;
+  if (in.ConsumeIntegralInRange<int>(0, 3) == 0) {
+    for (int l = 0; l < kLayers; ++l) {
+      layer_first.push_back(in.ConsumeIntegralInRange<int>(0, n_slots));
+    }
+  }
+  KvChunkReceiver rx(42, kv.layout(), n_slots, n_positions, expected, layer_first);
   bool refused = false;
   uint32_t seq = 0;
   while (in.remaining_bytes() > 0) {
@@ -117,6 +125,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!c.end()) {
         Check(c.layer_begin() >= 0 && c.layer_end() <= kLayers && c.slot_begin() >= 0 &&
               c.slot_end() <= n_slots);
+        for (int l = c.layer_begin(); !layer_first.empty() && l < c.layer_end(); ++l) {
+          Check(c.slot_begin() >= layer_first[l]);
+        }
         ++seq;
       } else {
         Check(rx.complete() && rx.slots_done() == n_slots);
