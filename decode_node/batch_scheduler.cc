@@ -29,6 +29,13 @@ size_t PickVictim(const std::vector<SchedSeq*>& running) {
   return running.size() - 1;
 }
 
+// Whether `slots` could never be held, even with every block free: only then is waiting futile.
+// (Nothing running is not enough: KV reservations for transfers in flight hold blocks too, and
+// give them back when the transfer is adopted, released or its lease ends.)
+bool NeverFits(int slots, const PagedKvCache& cache) {
+  return cache.BlocksFor(slots) > cache.num_blocks() - cache.watermark_blocks();
+}
+
 absl::Status TooBig(const SchedSeq& s, int slots, const PagedKvCache& cache) {
   return absl::ResourceExhaustedError(
       absl::StrCat("request ", s.id, " needs ", cache.BlocksFor(slots), " KV blocks of ",
@@ -92,8 +99,7 @@ int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueue
   if (!cache.CanAdmit(new_slots)) {
     cache.FreeSequence(kv);
     s->n_computed = 0;
-    // With nothing running every block is free or evictable: it will never fit.
-    if (q.running.empty()) return fail(TooBig(*s, base_slots + n, cache));
+    if (NeverFits(base_slots + n, cache)) return fail(TooBig(*s, base_slots + n, cache));
     return 0;
   }
   if (s->snapshot != nullptr) {
@@ -102,7 +108,7 @@ int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueue
   if (!cache.EnsureCapacity(kv, base_slots + n)) {
     cache.FreeSequence(kv);
     s->n_computed = 0;
-    if (q.running.empty()) return fail(TooBig(*s, base_slots + n, cache));
+    if (NeverFits(base_slots + n, cache)) return fail(TooBig(*s, base_slots + n, cache));
     return 0;
   }
   s->kv_seq = kv;
@@ -134,8 +140,14 @@ StepSchedule ScheduleStep(const SchedulerConfig& config, SchedulerQueues& q, Pag
     bool self_preempted = false;
     while (!cache.EnsureCapacity(s->kv_seq, s->kv_len + n)) {
       if (q.running.size() == 1) {
-        // Alone and still too big: no victim can make room.
         const int slots = s->kv_len + n;
+        if (!NeverFits(slots, cache)) {
+          // Alone, and KV reservations hold the rest of the pool: wait for them.
+          Preempt(s, q, cache, out);
+          self_preempted = true;
+          break;
+        }
+        // Alone and too big for the whole pool: no victim can make room.
         cache.FreeSequence(s->kv_seq);
         s->kv_seq = -1;
         q.running.clear();
@@ -169,8 +181,19 @@ StepSchedule ScheduleStep(const SchedulerConfig& config, SchedulerQueues& q, Pag
   // Admission, FIFO, unless this step had to preempt (memory is short).
   while (out.preempted.empty() && budget > 0 && !q.waiting.empty() &&
          static_cast<int>(q.running.size()) < config.max_running) {
-    const int n = Admit(q.waiting.front(), budget, config, q, cache, out);
-    if (n == 0) break;  // head of line waits for blocks
+    int n = Admit(q.waiting.front(), budget, config, q, cache, out);
+    if (n == 0) {
+      // The head of line waits for blocks. A sequence whose KV a transfer already put in a
+      // reservation needs none: it goes ahead, or the head could wait forever for the blocks
+      // that such sequences hold behind it.
+      auto it = std::find_if(q.waiting.begin(), q.waiting.end(),
+                             [](const SchedSeq* w) { return w->reserved_kv >= 0; });
+      if (it == q.waiting.end()) break;
+      SchedSeq* ready = *it;
+      q.waiting.erase(it);
+      q.waiting.push_front(ready);
+      n = Admit(ready, budget, config, q, cache, out);
+    }
     if (n > 0) budget -= n;
   }
 

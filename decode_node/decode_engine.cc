@@ -513,6 +513,7 @@ void DecodeEngine::Loop() {
   // This thread has its own OpenMP team: pin its workers as start-up pinned the main thread's
   // (unpinned workers on a loaded machine pass each barrier only at a scheduler tick).
   SetComputeThreads(ComputeThreads());
+  int64_t steps = 0;
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -523,6 +524,14 @@ void DecodeEngine::Loop() {
     }
     absl::Status s = Step();
     if (!s.ok()) std::fprintf(stderr, "tripod decode: step failed: %s\n", s.ToString().c_str());
+    MutexLock lock(&mu_);
+    if (stats_.steps == steps && incoming_.empty() && cancels_.empty() && tasks_.empty() &&
+        !stop_) {
+      // Nothing could run (the waiting wait for blocks that KV reservations hold): sleep until
+      // something arrives or a little while passes, rather than spin.
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(2));
+    }
+    steps = stats_.steps;
   }
 }
 

@@ -1,7 +1,7 @@
 // The continuous-batching scheduler on a tiny paged cache (no model): chunked prefill within the
 // token budget, decode tokens first, preemption of the newest sequence when blocks run out (and
-// recompute after), imported sequences as the last victims, and a clear failure for a sequence
-// that cannot fit even alone.
+// recompute after), imported sequences as the last victims, a clear failure for a sequence
+// that cannot fit even alone, and waiting (not failing) while KV reservations hold the blocks.
 #include "decode_node/batch_scheduler.h"
 
 #include <gtest/gtest.h>
@@ -165,6 +165,76 @@ TEST(BatchSchedulerTest, FailsASequenceThatCannotFitAlone) {
   ASSERT_EQ(s.chunks.size(), 1u);
   EXPECT_EQ(s.chunks[0].seq, &small);
   ReleaseSequence(&small, q, *cache);
+  EXPECT_EQ(cache->num_free_blocks(), cache->num_blocks());
+}
+
+TEST(BatchSchedulerTest, WaitsForBlocksThatKvReservationsHold) {
+  // A KV reservation (a transfer landing: blocks held outside the queues) takes 3 of 4 blocks.
+  // A request that fits the pool but not what is left waits, with nothing running, rather than
+  // fail as too big; so does a running one that cannot grow; both go on once the blocks return.
+  auto cache = TinyCache(4);  // 16 slots
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 16;
+  SchedulerQueues q;
+  const int32_t reservation = cache->NewSequence(0);
+  ASSERT_TRUE(cache->EnsureCapacity(reservation, 12));
+  SchedSeq a = MakeSeq(1, 6);
+  q.waiting = {&a};
+  for (int step = 0; step < 3; ++step) {
+    StepSchedule s = RunStep(cfg, q, *cache);
+    EXPECT_TRUE(s.failed.empty());
+    EXPECT_TRUE(s.chunks.empty());
+    ASSERT_EQ(q.waiting.size(), 1u);
+  }
+  cache->FreeSequence(reservation);
+  StepSchedule s = RunStep(cfg, q, *cache);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].n_tokens, 6);
+
+  // Running alone with 2 blocks; a reservation takes the other 2; growing past 8 slots waits.
+  const int32_t second = cache->NewSequence(0);
+  ASSERT_TRUE(cache->EnsureCapacity(second, 8));
+  a.tokens.push_back(8);  // 7 tokens computed... then 8, 9: the third block is needed at slot 9
+  a.tokens.push_back(9);
+  a.tokens.push_back(10);
+  s = RunStep(cfg, q, *cache);
+  EXPECT_TRUE(s.failed.empty());
+  EXPECT_EQ(q.running.size(), 0u);  // preempted to wait, not failed
+  ASSERT_EQ(q.waiting.size(), 1u);
+  cache->FreeSequence(second);
+  s = RunStep(cfg, q, *cache);  // recomputed from its tokens
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_TRUE(s.failed.empty());
+  ReleaseSequence(&a, q, *cache);
+  EXPECT_EQ(cache->num_free_blocks(), cache->num_blocks());
+}
+
+TEST(BatchSchedulerTest, ReservedSequencesGoAheadOfAHeadThatWaits) {
+  // The head of the queue waits for blocks that a reserved sequence behind it holds (its KV came
+  // by transfer): the reserved one runs first, needing no new block, and frees them when done.
+  auto cache = TinyCache(4);
+  SchedulerConfig cfg;
+  cfg.max_tokens_per_step = 16;
+  SchedulerQueues q;
+  const int32_t res = cache->NewSequence(0);
+  ASSERT_TRUE(cache->EnsureCapacity(res, 9));  // 3 blocks: 8 transferred slots + the last token
+  ASSERT_TRUE(cache->Append(res, std::vector<int32_t>(8, 5)));
+  SchedSeq head = MakeSeq(1, 6), reserved = MakeSeq(2, 9);
+  reserved.reserved_kv = res;
+  reserved.reserved_slots = 8;
+  q.waiting = {&head, &reserved};
+  StepSchedule s = RunStep(cfg, q, *cache);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq, &reserved);
+  EXPECT_EQ(s.chunks[0].n_tokens, 1);
+  EXPECT_TRUE(s.failed.empty());
+  ASSERT_EQ(q.waiting.size(), 1u);
+  EXPECT_EQ(q.waiting.front(), &head);
+  ReleaseSequence(&reserved, q, *cache);
+  s = RunStep(cfg, q, *cache);
+  ASSERT_EQ(s.chunks.size(), 1u);
+  EXPECT_EQ(s.chunks[0].seq, &head);
+  ReleaseSequence(&head, q, *cache);
   EXPECT_EQ(cache->num_free_blocks(), cache->num_blocks());
 }
 
