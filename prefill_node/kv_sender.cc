@@ -72,6 +72,20 @@ void KvSender::Loop() {
       writer->WriteLast(msg, grpc::WriteOptions());  // with WritesDone
       break;
     }
+    if (options_.faults != nullptr) {
+      switch (options_.faults->Draw()) {
+        case ChunkFault::kDrop:
+          continue;  // numbered but never written: the decode side sees the gap
+        case ChunkFault::kCorrupt:
+          options_.faults->Corrupt(msg.mutable_payload());
+          break;
+        case ChunkFault::kDelay:
+          std::this_thread::sleep_for(std::chrono::milliseconds(options_.faults->rates().delay_ms));
+          break;
+        default:
+          break;
+      }
+    }
     // False: the call is over (the decode side answered early, with an error); Finish says why.
     if (!writer->Write(msg)) break;
   }

@@ -29,6 +29,7 @@
 #include "common/kv/kv_store.h"
 #include "grpcpp/grpcpp.h"
 #include "prefill_node/kv_sink.h"
+#include "prefill_node/transfer_faults.h"
 #include "tripod/v1/decode.grpc.pb.h"
 
 namespace tripod {
@@ -41,6 +42,8 @@ struct KvSenderOptions {
   // How long Finish() waits for the acknowledgement once the end message is queued.
   std::chrono::milliseconds ack_timeout{30000};
   std::string peer;  // the decode address, for messages
+  // Test-only: drops, corrupts or delays data chunks (transfer_faults.h); null: none.
+  TransferFaultInjector* faults = nullptr;
 };
 
 struct KvSenderStats {

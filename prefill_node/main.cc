@@ -34,6 +34,7 @@
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_service.h"
 #include "prefill_node/prefill_worker.h"
+#include "prefill_node/transfer_faults.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -56,6 +57,9 @@ ABSL_FLAG(int, ack_timeout_ms, 30000,
           "how long a KV transfer waits for the decode side's acknowledgement of its end");
 ABSL_FLAG(int, send_buffer_mb, 64,
           "encoded KV waiting for the network per transfer, at most (the forward then waits)");
+ABSL_FLAG(std::string, inject_transfer_faults, "",
+          "TESTING ONLY: drop, corrupt or delay KV chunks on their way to the decode worker, "
+          "e.g. drop=0.02,corrupt=0.02,delay=0.05,delay_ms=300,seed=1 (tests/chaos/)");
 
 namespace tripod {
 namespace {
@@ -96,6 +100,8 @@ absl::Status Serve(const sigset_t& signals) {
                    SetUpGrpcTlsFromFlags());
   ASSIGN_OR_RETURN(HostPort http_addr,
                    ParseHostPort("http_listen", absl::GetFlag(FLAGS_http_listen)));
+  ASSIGN_OR_RETURN(const TransferFaultRates faults,
+                   ParseTransferFaults(absl::GetFlag(FLAGS_inject_transfer_faults)));
   ASSIGN_OR_RETURN(PrefillOptions options, EngineOptions());
   if (threads > 0) SetComputeThreads(threads);
 
@@ -114,6 +120,20 @@ absl::Status Serve(const sigset_t& signals) {
   wo.max_queue = max_queue;
   wo.transfer.ack_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_ack_timeout_ms));
   wo.transfer.max_queued_bytes = size_t{1} * absl::GetFlag(FLAGS_send_buffer_mb) << 20;
+  if (faults.any()) {
+    wo.transfer.faults = std::make_shared<TransferFaultInjector>(faults);
+    spdlog::warn(
+        "tripod-prefill: TESTING ONLY: injecting KV transfer faults per chunk: drop {}, corrupt "
+        "{}, delay {} ({} ms)",
+        faults.drop, faults.corrupt, faults.delay, faults.delay_ms);
+    for (ChunkFault f : {ChunkFault::kDrop, ChunkFault::kCorrupt, ChunkFault::kDelay}) {
+      registry.AddCallbackGauge(
+          "tripod:kv_transfer_faults_injected",
+          "KV chunks dropped, corrupted or delayed on purpose",
+          {{"role", "prefill"}, {"kind", ChunkFaultName(f)}},
+          [injector = wo.transfer.faults, f] { return static_cast<double>(injector->count(f)); });
+    }
+  }
   PrefillWorker worker(*engine, &registry, wo);
   PrefillService service(worker, model);
 

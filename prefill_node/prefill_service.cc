@@ -115,7 +115,17 @@ grpc::Status PrefillService::RunChecked(grpc::ServerContext* context,
     }
   }
   *outcome = (*ticket)->outcome();
-  if (!outcome->status.ok()) return ToGrpcStatus(outcome->status);
+  if (!outcome->status.ok()) {
+    // UNAVAILABLE after the job ran can only be the KV push finding the decode worker gone: the
+    // caller must not take it for this worker's own (and stop routing here), so it goes back as
+    // ABORTED, the message kept.
+    if (absl::IsUnavailable(outcome->status)) {
+      return grpc::Status(
+          grpc::StatusCode::ABORTED,
+          absl::StrCat("the decode worker is unreachable: ", outcome->status.message()));
+    }
+    return ToGrpcStatus(outcome->status);
+  }
   response->set_prefilled_tokens(outcome->prefilled_tokens);
   response->set_plan_key(outcome->plan_key);
   response->set_bytes_sent(outcome->bytes_sent);

@@ -28,6 +28,7 @@ PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
   so.deadline = job.deadline;
   so.ack_timeout = options.ack_timeout;
   so.peer = job.decode_address;
+  so.faults = options.faults.get();
   KvSender sender(channels.Get(job.decode_address), job.transfer_id, so);
   {
     // A cancel wakes a Push blocked on the network, and ends the call.

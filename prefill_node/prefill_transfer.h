@@ -5,17 +5,20 @@
 
 #include <chrono>
 #include <cstddef>
+#include <memory>
 
 #include "prefill_node/cancel_token.h"
 #include "prefill_node/channel_cache.h"
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_queue.h"
+#include "prefill_node/transfer_faults.h"
 
 namespace tripod {
 
 struct TransferOptions {
-  size_t max_queued_bytes = size_t{64} << 20;    // encoded KV waiting for the network, at most
-  std::chrono::milliseconds ack_timeout{30000};  // end message -> acknowledgement, at most
+  size_t max_queued_bytes = size_t{64} << 20;     // encoded KV waiting for the network, at most
+  std::chrono::milliseconds ack_timeout{30000};   // end message -> acknowledgement, at most
+  std::shared_ptr<TransferFaultInjector> faults;  // test-only (transfer_faults.h); null: none
 };
 
 // Runs `job` on `engine` (engine thread) and streams its KV to job.decode_address. Cancelling

@@ -271,6 +271,28 @@ void Call::OnReserved(const grpc::Status& status) {
     return Finish("cancelled", nullptr);
   }
   if (!status.ok()) {
+    const grpc::StatusCode code = status.error_code();
+    if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // The decode worker is gone or not answering, and nothing of the request is there yet:
+      // another decode worker takes it (once) rather than the request failing.
+      if (code == grpc::StatusCode::UNAVAILABLE) decode_->MarkFailed(status.error_message());
+      std::shared_ptr<Worker> other =
+          decode_attempts_ == 0
+              ? PickDecode(dispatcher_->registry().Healthy(v1::ROLE_DECODE),
+                           static_cast<int>(prompt_.size()), request_id_, decode_.get())
+              : nullptr;
+      if (other != nullptr) {
+        ++decode_attempts_;
+        spdlog::warn("scheduler: request {}: Reserve on {} failed ({}); routing to {}", request_id_,
+                     decode_->address(), status.error_message(), other->address());
+        if (SchedulerMetrics* m = dispatcher_->metrics()) m->DecodeRerouted();
+        decode_->AddInflight(-1);
+        ReleaseLater(std::exchange(decode_, std::move(other)));
+        decode_->AddInflight(1);
+        route_ = "retried_decode";
+        return ReserveAndPrefill(nullptr);
+      }
+    }
     // No room on the decode worker for the transferred KV: let it prefill the prompt itself
     // (its engine queues the request until blocks free up).
     spdlog::warn("scheduler: request {}: Reserve on {} failed ({}); prefilling there", request_id_,

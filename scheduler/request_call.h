@@ -100,6 +100,7 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   v1::ImportanceMap importance_map_;
   uint64_t transfer_id_ = 0;
   int prefill_attempts_ = 0;
+  int decode_attempts_ = 0;
   std::string route_;
   std::string plan_ratio_;  // the POP ratio asked of the prefill worker; empty: its own
   v1::ReserveRequest reserve_request_;

@@ -15,13 +15,14 @@ int WorkerLoad(const Worker& worker) {
 }
 
 std::shared_ptr<Worker> PickDecode(const std::vector<std::shared_ptr<Worker>>& workers,
-                                   int prompt_tokens, uint64_t rotation) {
+                                   int prompt_tokens, uint64_t rotation, const Worker* exclude) {
   std::shared_ptr<Worker> best, roomiest;
   int best_load = std::numeric_limits<int>::max();
   int best_free = -1, most_free = -1;
   const size_t n = workers.size();
   for (size_t k = 0; k < n; ++k) {
     const std::shared_ptr<Worker>& w = workers[(k + rotation) % n];
+    if (w.get() == exclude) continue;
     const v1::HealthResponse h = w->last_health();
     const int free_blocks = h.free_kv_blocks();
     const int need =

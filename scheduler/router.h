@@ -18,9 +18,11 @@ int WorkerLoad(const Worker& worker);
 
 // The decode worker for a prompt of `prompt_tokens` (+ up to `max_tokens` generated): among
 // those whose free KV blocks can hold the prompt, the least loaded; when none can, the one with
-// the most free blocks (its engine queues the request until blocks free up). nullptr: no worker.
+// the most free blocks (its engine queues the request until blocks free up), skipping `exclude`
+// (a worker that just failed this request). nullptr: no worker.
 std::shared_ptr<Worker> PickDecode(const std::vector<std::shared_ptr<Worker>>& workers,
-                                   int prompt_tokens, uint64_t rotation);
+                                   int prompt_tokens, uint64_t rotation,
+                                   const Worker* exclude = nullptr);
 
 // The least loaded prefill worker that can run `pop_ratio` (empty: its own plan), skipping
 // `exclude` (a worker that just failed this request).

@@ -62,7 +62,11 @@ SchedulerMetrics::SchedulerMetrics(metrics::Registry& r)
       kv_bytes_saved_(r.AddCounter("tripod:kv_transfer_bytes_saved_total",
                                    "KV payload bytes trimming kept from being sent", kRole)),
       prompt_tokens_dropped_(r.AddCounter("tripod:prompt_tokens_dropped_total",
-                                          "Prompt tokens SpecPC dropped before prefill", kRole)) {
+                                          "Prompt tokens SpecPC dropped before prefill", kRole)),
+      decode_reroutes_(r.AddCounter(
+          "tripod:decode_reroutes_total",
+          "Requests moved to another decode worker after theirs failed its KV reservation",
+          kRole)) {
   for (const char* f : {"stop", "length", "cancelled", "error"}) {
     r.AddCounter(kRequests, kRequestsHelp, With("finish_reason", f));
   }
@@ -104,6 +108,8 @@ void SchedulerMetrics::Rejected(int http_status) {
 void SchedulerMetrics::PrefillRetried(const std::string& to) {
   registry_.AddCounter(kRetries, kRetriesHelp, With("to", to)).Inc();
 }
+
+void SchedulerMetrics::DecodeRerouted() { decode_reroutes_.Inc(); }
 
 void SchedulerMetrics::KvBytes(double bytes) { kv_bytes_.Inc(bytes); }
 

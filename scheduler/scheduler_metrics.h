@@ -28,6 +28,7 @@ class SchedulerMetrics {
   void RequestEnded(const std::string& finish, const UsageCounts& usage, const StageTimes& times);
   void Rejected(int http_status);
   void PrefillRetried(const std::string& why);  // to another prefill worker or local
+  void DecodeRerouted();  // a decode worker failed its Reserve: another one took the request
   void KvBytes(double bytes);
 
   // Gauges read at scrape time.
@@ -51,6 +52,7 @@ class SchedulerMetrics {
   metrics::Histogram& draft_;
   metrics::Counter& kv_bytes_saved_;
   metrics::Counter& prompt_tokens_dropped_;
+  metrics::Counter& decode_reroutes_;
 };
 
 }  // namespace tripod::scheduler

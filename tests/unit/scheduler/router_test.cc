@@ -56,6 +56,16 @@ TEST(RouterTest, EqualWorkersShareByRotation) {
   EXPECT_NE(PickDecode({a, b}, 10, 0), PickDecode({a, b}, 10, 1));
 }
 
+TEST(RouterTest, DecodeSkipsTheExcludedWorker) {
+  auto idle = DecodeWorker("a:1", 0, 0, 900);
+  auto busy = DecodeWorker("b:1", 7, 3, 2);  // loaded, and too small: chosen only when alone
+  for (uint64_t rot = 0; rot < 2; ++rot) {
+    EXPECT_EQ(PickDecode({idle, busy}, 100, rot), idle);
+    EXPECT_EQ(PickDecode({idle, busy}, 100, rot, idle.get()), busy);
+    EXPECT_EQ(PickDecode({idle}, 100, rot, idle.get()), nullptr);
+  }
+}
+
 TEST(RouterTest, PrefillSkipsTheExcludedWorker) {
   auto p1 = std::make_shared<Worker>("p:1", v1::ROLE_PREFILL);
   auto p2 = std::make_shared<Worker>("p:2", v1::ROLE_PREFILL);
