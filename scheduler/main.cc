@@ -78,6 +78,9 @@ ABSL_FLAG(int64_t, health_interval_ms, 2000, "how often every worker's Health is
 ABSL_FLAG(int64_t, health_timeout_ms, 1000, "one Health call's deadline");
 ABSL_FLAG(int, unhealthy_after, 2, "failed checks in a row that take a worker out of routing");
 ABSL_FLAG(int, io_threads, 1, "HTTP I/O threads");
+ABSL_FLAG(int, max_connections_per_client, 0,
+          "open HTTP connections from one client address, at most (0: no limit; behind a proxy "
+          "every client shares its address); beyond: 429");
 ABSL_FLAG(std::string, http_tls_cert, "",
           "HTTPS on the API: the server's certificate chain (PEM); with --http_tls_key");
 ABSL_FLAG(std::string, http_tls_key, "", "HTTPS on the API: --http_tls_cert's private key (PEM)");
@@ -119,6 +122,9 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   }
   if (absl::GetFlag(FLAGS_unhealthy_after) < 1) {
     return absl::InvalidArgumentError("--unhealthy_after must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_max_connections_per_client) < 0) {
+    return absl::InvalidArgumentError("--max_connections_per_client must not be negative");
   }
   if (absl::GetFlag(FLAGS_io_threads) < 1) {
     return absl::InvalidArgumentError("--io_threads must be >= 1");
@@ -194,6 +200,7 @@ int Run(const sigset_t& signals) {
   HttpApi api(HttpApiConfig{model->get(), &dispatcher, &registry, &*keys});
   http::HttpServerOptions hopt;
   hopt.io_threads = absl::GetFlag(FLAGS_io_threads);
+  hopt.max_connections_per_client = absl::GetFlag(FLAGS_max_connections_per_client);
   const std::string tls_cert = absl::GetFlag(FLAGS_http_tls_cert);
   const std::string tls_key = absl::GetFlag(FLAGS_http_tls_key);
   if (tls_cert.empty() != tls_key.empty()) {

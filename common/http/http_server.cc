@@ -198,14 +198,29 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
     if (tls != nullptr) SSL_CTX_free(tls);
   }
 
-  void Register(uint64_t id, std::weak_ptr<Connection> c) {
+  void Register(uint64_t id, std::weak_ptr<Connection> c, const std::string& client) {
     MutexLock lock(&mu);
     connections.emplace(id, std::move(c));
+    if (options.max_connections_per_client > 0) {
+      ++per_client[client];
+      client_of.emplace(id, client);
+    }
   }
   void Unregister(uint64_t id) {
     MutexLock lock(&mu);
     connections.erase(id);
+    if (auto it = client_of.find(id); it != client_of.end()) {
+      auto pc = per_client.find(it->second);
+      if (pc != per_client.end() && --pc->second <= 0) per_client.erase(pc);
+      client_of.erase(it);
+    }
     if (connections.empty()) cv.SignalAll();
+  }
+  // How many connections `client` (an address) has open.
+  int ClientConnections(const std::string& client) {
+    MutexLock lock(&mu);
+    auto it = per_client.find(client);
+    return it == per_client.end() ? 0 : it->second;
   }
 
   Handler handler;
@@ -215,6 +230,9 @@ struct ServerCore : std::enable_shared_from_this<ServerCore> {
   Mutex mu;
   CondVar cv;  // signalled when the last connection closes
   absl::flat_hash_map<uint64_t, std::weak_ptr<Connection>> connections ABSL_GUARDED_BY(mu);
+  // With max_connections_per_client: open connections per client address, and each one's.
+  absl::flat_hash_map<std::string, int> per_client ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, std::string> client_of ABSL_GUARDED_BY(mu);
   // Set once Stop() has joined the I/O threads and run what was left queued: after that, a
   // posted function would never run.
   bool drained ABSL_GUARDED_BY(mu) = false;
@@ -289,6 +307,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
         timer_(strand_),
         id_(id),
         peer_(std::move(peer)) {}
+
+  // Set before Start(): the connection answers its first request with 429 and closes.
+  void set_refused(bool refused) { refused_ = refused; }
 
   ~Connection() {
     // Only a connection that never closed (its handlers destroyed unrun) is still registered.
@@ -531,6 +552,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
         }
         return;
       }
+      if (refused_ && parser_->is_header_done()) {
+        // Over the client's connection limit: a clear answer (over TLS too) rather than a reset.
+        Reject(429, absl::StrCat("too many connections from this client (at most ",
+                                 opt_.max_connections_per_client, " at once)"));
+        return;
+      }
       if (parser_->is_done()) {
         inbuf_.erase(0, off);
         Dispatch();
@@ -743,6 +770,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool waiting_read_ = false;
   std::string inbuf_;  // received, not yet parsed
   bool pipeline_overflow_ = false;
+  bool refused_ = false;  // over the client's connection limit (set_refused)
   std::optional<bhttp::request_parser<bhttp::string_body>> parser_;
   bool continue_sent_ = false;
   size_t lingered_ = 0;
@@ -893,13 +921,19 @@ struct HttpServer::Impl {
       MutexLock lock(&core->mu);
       full = static_cast<int64_t>(core->connections.size()) >= core->options.max_connections;
     }
-    if (ec || full) {
+    const std::string client = ec ? std::string() : peer.address().to_string();
+    // A client at its limit gets a 429 on its next connections; one that keeps opening them
+    // regardless (twice the limit) is closed at once, so that it cannot fill the server's own.
+    const int limit = core->options.max_connections_per_client;
+    const int open = limit > 0 && !ec ? core->ClientConnections(client) : 0;
+    if (ec || full || (limit > 0 && open >= 2 * limit)) {
       socket.close(ec);
       return;
     }
     auto conn = std::make_shared<Connection>(core.get(), strand, std::move(socket), ++next_id,
                                              PeerString(peer));
-    core->Register(next_id, conn);
+    conn->set_refused(limit > 0 && open >= limit);
+    core->Register(next_id, conn, client);
     asio::post(strand, [conn] { conn->Start(); });
   }
 

@@ -118,6 +118,10 @@ struct HttpServerOptions {
   // that stopped reading). Streams idle between pieces are not affected.
   std::chrono::milliseconds write_timeout{30000};
   int max_connections = 10000;  // beyond: closed as soon as accepted
+  // Open connections from one client address, at most (0: no limit). Beyond it a connection's
+  // first request is answered 429 and the connection closed; at twice the limit new connections
+  // are closed as soon as accepted.
+  int max_connections_per_client = 0;
   // A stream's bytes queued and not yet written; a Send beyond it cuts the connection.
   size_t max_stream_buffer_bytes = 4 * 1024 * 1024;
 };

@@ -780,6 +780,55 @@ TEST(HttpServerTest, ConnectionsBeyondTheLimitAreClosed) {
   EXPECT_TRUE(a.Read().has_value());
 }
 
+TEST(HttpServerTest, ConnectionsBeyondTheClientLimitGet429ThenAreClosed) {
+  HttpServerOptions options;
+  options.max_connections_per_client = 2;
+  std::unique_ptr<HttpServer> server = StartServer(Echo, options);
+  ASSERT_NE(server, nullptr);
+  auto wait_open = [&](int n) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (server->open_connections() != n && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    return server->open_connections() == n;
+  };
+  Client a(server->port()), b(server->port());
+  for (Client* c : {&a, &b}) {
+    ASSERT_TRUE(c->Send(Get("/x")));
+    std::optional<Response> r = c->Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status, 200);
+  }
+  {
+    // The third: answered 429 with the reason, then closed.
+    Client third(server->port());
+    ASSERT_TRUE(third.Send(Get("/x")));
+    std::optional<Response> r = third.Read();
+    ASSERT_TRUE(r.has_value());
+    EXPECT_EQ(r->status, 429);
+    EXPECT_NE(r->body.find("too many connections from this client"), std::string::npos) << r->body;
+    EXPECT_TRUE(third.WaitClosed());
+  }
+  ASSERT_TRUE(wait_open(2));
+  // Two that send nothing hold refused places; at twice the limit the next is closed at once.
+  Client idle1(server->port()), idle2(server->port());
+  ASSERT_TRUE(wait_open(4));
+  Client fifth(server->port());
+  EXPECT_TRUE(fifth.WaitClosed());
+  // The first two still work; once the others are gone a new connection is served again.
+  ASSERT_TRUE(a.Send(Get("/x")));
+  EXPECT_EQ(a.Read()->status, 200);
+  idle1.Close();
+  idle2.Close();
+  b.Close();
+  ASSERT_TRUE(wait_open(1));
+  Client again(server->port());
+  ASSERT_TRUE(again.Send(Get("/x")));
+  std::optional<Response> r = again.Read();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->status, 200);
+}
+
 TEST(HttpServerTest, ManyConcurrentStreamsOnOneIoThread) {
   constexpr int kStreams = 500;
   ExchangeBox box;
