@@ -188,7 +188,7 @@ void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
   }
   if (path == "/v1/models") {
     const ModelCard card{config_.model->name, config_.model->created,
-                         config_.model->identity.context_length};
+                         static_cast<int>(config_.model->max_model_len)};
     ex->Respond(JsonResponse(ModelsListBody({&card, 1})));
   } else if (path == "/v1/completions") {
     Completion(std::move(ex), ApiKind::kCompletion);
@@ -242,7 +242,7 @@ void HttpApi::Tokenize(const std::shared_ptr<HttpExchange>& ex) {
   }
   const std::vector<int32_t> ids = scheduler::Tokenize(
       r, *config_.model->tokenizer, config_.model->chat_template.value_or(ChatTemplate{}));
-  ex->Respond(JsonResponse(TokenizeResponseBody(ids, config_.model->identity.context_length)));
+  ex->Respond(JsonResponse(TokenizeResponseBody(ids, config_.model->max_model_len)));
 }
 
 void HttpApi::Detokenize(const std::shared_ptr<HttpExchange>& ex) {

@@ -18,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
@@ -50,6 +51,9 @@ ABSL_FLAG(std::string, model, "",
           "GGUF model (default: the bundled model); only its metadata is read");
 ABSL_FLAG(std::string, served_model_name, "",
           "the name clients use in `model` (default: the GGUF file name without .gguf)");
+ABSL_FLAG(int64_t, max_model_len, 0,
+          "prompt plus completion tokens a request may use, at most (0: the model's context "
+          "length; more than it is an error); longer requests get a 400");
 ABSL_FLAG(std::string, chat_template, "", "chatml | llama3 (default: the model's own)");
 ABSL_FLAG(std::string, prefill, "", "prefill workers' gRPC addresses, host:port,...");
 ABSL_FLAG(std::string, decode, "", "decode workers' gRPC addresses, host:port,...");
@@ -178,6 +182,15 @@ int Run(const sigset_t& signals) {
       model_path, absl::GetFlag(FLAGS_served_model_name), absl::GetFlag(FLAGS_chat_template));
   if (!model.ok()) return Fail(absl::InternalError(model.status().ToString()));
   ro.model_sha256 = (*model)->identity.sha256;
+  if (const int64_t len = absl::GetFlag(FLAGS_max_model_len); len != 0) {
+    const int64_t context = (*model)->identity.context_length;
+    if (len < 2 || (context > 0 && len > context)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--max_model_len must be between 2 and the model's context length (",
+                       context, "), not ", len)));
+    }
+    (*model)->max_model_len = len;
+  }
 
   metrics::Registry registry;
   SchedulerMetrics scheduler_metrics(registry);
@@ -234,7 +247,7 @@ int Run(const sigset_t& signals) {
   spdlog::info(
       "tripod-scheduler: HTTP on port {}, gRPC on port {}; model '{}' (context {}); {} prefill "
       "and {} decode workers in routing",
-      http_port, grpc_port, (*model)->name, (*model)->identity.context_length,
+      http_port, grpc_port, (*model)->name, (*model)->max_model_len,
       workers.Healthy(v1::ROLE_PREFILL).size(), workers.Healthy(v1::ROLE_DECODE).size());
 
   while (!WaitStopSignal(signals, absl::Hours(1))) {

@@ -30,7 +30,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   PreparedRequest p;
   p.prompt = std::move(std::get<std::vector<int32_t>>(ids));
   const int64_t n = static_cast<int64_t>(p.prompt.size());
-  const int64_t context = served.identity.context_length;
+  const int64_t context = served.max_model_len;
   const char* input = chat ? "messages" : "prompt";
   if (context > 0 && n >= context) {
     ApiError e = InvalidRequest(

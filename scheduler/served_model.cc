@@ -13,6 +13,7 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const std::string& 
   auto m = std::make_unique<ServedModel>();
   m->path = path;
   ASSIGN_OR_RETURN(m->identity, ComputeModelIdentity(path));
+  m->max_model_len = m->identity.context_length;
   ASSIGN_OR_RETURN(m->gguf, GgufFile::Open(path));
   ASSIGN_OR_RETURN(m->tokenizer, Tokenizer::FromGguf(*m->gguf));
   m->name = name;

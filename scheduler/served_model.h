@@ -26,6 +26,9 @@ struct ServedModel {
   std::optional<ChatTemplate> chat_template;  // absent: chat requests get a 400 saying why
   std::string chat_template_error;
   int64_t created = 0;  // unix seconds, for /v1/models
+  // Prompt plus completion tokens a request may use: the model's context length, or less
+  // (--max_model_len); 0: unknown (no limit).
+  int64_t max_model_len = 0;
 };
 
 // name: empty = the file name without ".gguf". chat_template: empty = the GGUF's own, or a name

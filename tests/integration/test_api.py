@@ -221,6 +221,39 @@ def test_api_key_429_and_503(cluster):
     assert status == 503
 
 
+def test_max_model_len_and_connections_per_client(cluster):
+  with Cluster() as c:
+    short = c.scheduler(decode=[cluster.d], max_model_len=64, max_connections_per_client=2,
+                        name="short")
+    models = json.loads(short.http_get("/v1/models")[1])
+    assert models["data"][0]["max_model_len"] == 64
+    ok = short.http("POST", "/v1/completions",
+                    {"model": MODEL_NAME, "prompt": [1] * 40, "max_tokens": 24})
+    assert ok[0] == 200, ok
+    status, err, _ = error_of(short.http("POST", "/v1/completions",
+                                         {"model": MODEL_NAME, "prompt": [1] * 40,
+                                          "max_tokens": 25}))
+    assert status == 400 and err["code"] == "context_length_exceeded" and "64" in err["message"]
+    status, err, _ = error_of(short.http("POST", "/v1/completions",
+                                         {"model": MODEL_NAME, "prompt": [1] * 64}))
+    assert status == 400 and err["code"] == "context_length_exceeded"
+    # Two connections held open by this client; the third is answered 429 with the reason.
+    held = [socket.create_connection((short.host, short.http_port), timeout=30) for _ in range(2)]
+    try:
+      wait_until(lambda: short.http_get("/health")[0] == 429, 30, "the third connection refused")
+      status, err, _ = error_of(short.http("GET", "/v1/models"))
+      assert status == 429 and "too many connections" in err["message"]
+    finally:
+      for h in held:
+        h.close()
+    wait_until(lambda: short.http_get("/health")[0] == 200, 30, "served again once they close")
+  for bad in ("1", str(1 << 20), "-5"):
+    with Cluster() as c:
+      with pytest.raises(RuntimeError) as e:
+        c.scheduler(decode=[cluster.d], max_model_len=bad, wait_ready=False, name="bad")
+      assert "--max_model_len" in str(e.value)
+
+
 def test_grpc_complete_and_generate(cluster):
   prompt = corpus_prompt(50, offset=3)
   req = cpb.CompletionRequest(model=MODEL_NAME, prompt_ids=cpb.TokenIds(ids=prompt),
