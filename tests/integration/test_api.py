@@ -221,6 +221,34 @@ def test_api_key_429_and_503(cluster):
     assert status == 503
 
 
+def test_keys_and_prompts_stay_out_of_logs_metrics_and_health(cluster):
+  """Issue 23: API keys are never logged, and /metrics and /health carry no request content."""
+  key, wrong, canary = "sk-canary-key-5150", "sk-wrong-canary-8812", "zebracanary quokkacanary"
+  with Cluster() as c:
+    keyed = c.scheduler(prefill=[cluster.p], decode=[cluster.d], api_key=key,
+                        direct_prefill_tokens=4, name="keyed")
+    for auth in (key, wrong):
+      for stream in (False, True):
+        keyed.http("POST", "/v1/completions",
+                   {"model": MODEL_NAME, "prompt": canary * 4, "max_tokens": 4,
+                    "stream": stream, "stop": ["stopcanary"]},
+                   headers={"Authorization": f"Bearer {auth}"})
+    keyed.http("POST", "/v1/chat/completions",
+               {"model": MODEL_NAME, "messages": [{"role": "user", "content": canary}],
+                "max_tokens": 4}, headers={"Authorization": f"Bearer {key}"})
+    seen = []
+    for w in (keyed, cluster.p, cluster.d):
+      for path in ("/metrics", "/health"):
+        status, body = w.http_get(path)
+        seen.append((f"{w.name} {path}", body))
+      with open(w.log_path, errors="replace") as f:
+        seen.append((f"{w.name} log", f.read()))
+    for where, text in seen:
+      for secret in (key, wrong, "zebracanary", "quokkacanary", "stopcanary"):
+        assert secret not in text, f"{secret!r} appears in {where}"
+    assert any("tripod:request_success_total" in t for _, t in seen)  # the bodies were read
+
+
 def test_max_model_len_and_connections_per_client(cluster):
   with Cluster() as c:
     short = c.scheduler(decode=[cluster.d], max_model_len=64, max_connections_per_client=2,
