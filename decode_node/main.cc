@@ -30,6 +30,7 @@
 #include "common/rpc/stop_signals.h"
 #include "common/rpc/tls_flags.h"
 #include "common/rpc/worker_server.h"
+#include "common/util/idle_memory_release.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "decode_node/decode_metrics.h"
@@ -174,7 +175,13 @@ int Run(const sigset_t& signals) {
       grpc_port, http_port, identity->file_name, engine->plan().DebugString(), eo.precision,
       st0.total_blocks, eo.block_tokens, absl::GetFlag(FLAGS_lease_ms));
 
-  while (!WaitStopSignal(signals, absl::Hours(1))) {
+  // Once a second: after a spell of work, an idle worker gives freed heap back to the kernel.
+  IdleMemoryRelease release;
+  while (!WaitStopSignal(signals, absl::Seconds(1))) {
+    const DecodeEngineStats st = engine->stats();
+    const uint64_t activity = static_cast<uint64_t>(st.steps + st.finished + st.reservations);
+    release.Observe(activity, st.running == 0 && st.waiting == 0 && st.reservations == 0 &&
+                                  service->in_flight() == 0);
   }
   const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_grace_ms));
   spdlog::info("tripod-decode: draining ({} in flight, grace {} ms)", service->in_flight(),
