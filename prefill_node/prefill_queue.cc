@@ -66,7 +66,8 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillQueue::Submit(PrefillJob j
     const auto same = [&](const std::shared_ptr<PrefillTicket>& t) {
       return t != nullptr && t->job().request_id == job.request_id;
     };
-    if (same(running_) || std::any_of(queue_.begin(), queue_.end(), same)) {
+    if (same(running_) || std::any_of(queue_.begin(), queue_.end(), same) ||
+        std::any_of(finishing_.begin(), finishing_.end(), same)) {
       return absl::AlreadyExistsError(
           absl::StrCat("prefill request ", job.request_id, " is already queued or running"));
     }
@@ -81,6 +82,11 @@ absl::StatusOr<std::shared_ptr<PrefillTicket>> PrefillQueue::Submit(PrefillJob j
 bool PrefillQueue::CancelLocked(const PrefillTicket& ticket) {
   if (running_.get() == &ticket) {
     running_->cancel_.Cancel();  // the runner stops between layers; its stream is aborted
+    return true;
+  }
+  for (const std::shared_ptr<PrefillTicket>& t : finishing_) {
+    if (t.get() != &ticket) continue;
+    t->cancel_.Cancel();  // its finish aborts what it waits for
     return true;
   }
   for (auto it = queue_.begin(); it != queue_.end(); ++it) {
@@ -99,6 +105,9 @@ bool PrefillQueue::Cancel(uint64_t request_id) {
   std::lock_guard<std::mutex> lock(mu_);
   if (running_ != nullptr && running_->job().request_id == request_id) {
     return CancelLocked(*running_);
+  }
+  for (const std::shared_ptr<PrefillTicket>& t : finishing_) {
+    if (t->job().request_id == request_id) return CancelLocked(*t);
   }
   for (const std::shared_ptr<PrefillTicket>& t : queue_) {
     if (t->job().request_id == request_id) return CancelLocked(*t);
@@ -122,37 +131,80 @@ void PrefillQueue::Shutdown(absl::Duration grace) {
     std::unique_lock<std::mutex> lock(mu_);
     draining_ = true;
     cv_.wait_for(lock, absl::ToChronoNanoseconds(grace),
-                 [this] { return queue_.empty() && running_ == nullptr; });
+                 [this] { return queue_.empty() && running_ == nullptr && finishing_.empty(); });
     for (std::shared_ptr<PrefillTicket>& t : queue_) {
       t->Complete(CancelledOutcome(t->job(), "cancelled: the prefill worker is shutting down"));
     }
     queue_.clear();
     if (running_ != nullptr) running_->cancel_.Cancel();
+    for (const std::shared_ptr<PrefillTicket>& t : finishing_) t->cancel_.Cancel();
     stop_ = true;
     cv_.notify_all();
   }
   if (thread_.joinable()) thread_.join();
+  // The engine thread is gone, so no finisher starts now: join them all (cancelled, they end
+  // soon).
+  std::list<Finisher> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    all.splice(all.end(), finishers_);
+  }
+  for (Finisher& f : all) f.thread.join();
+}
+
+void PrefillQueue::Finish(std::shared_ptr<PrefillTicket> t,
+                          std::function<PrefillOutcome()> finish) {
+  // mu_ held (by the engine thread): the new thread takes mu_ only when it is done.
+  finishing_.push_back(t);
+  finishers_.emplace_back();
+  const auto it = std::prev(finishers_.end());
+  it->thread = std::thread([this, t = std::move(t), finish = std::move(finish), it] {
+    t->Complete(finish());
+    std::lock_guard<std::mutex> lock(mu_);
+    finishing_.erase(std::find(finishing_.begin(), finishing_.end(), t));
+    it->ended = true;
+    cv_.notify_all();
+  });
+}
+
+void PrefillQueue::JoinEndedFinishers() {
+  std::list<Finisher> ended;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = finishers_.begin(); it != finishers_.end();) {
+      const auto next = std::next(it);
+      if (it->ended) ended.splice(ended.end(), finishers_, it);
+      it = next;
+    }
+  }
+  for (Finisher& f : ended) f.thread.join();
 }
 
 void PrefillQueue::Loop() {
   if (options_.pin_compute_threads) SetComputeThreads(ComputeThreads());
+  const size_t max_finishing = static_cast<size_t>(std::max(1, options_.max_finishing));
   while (true) {
+    JoinEndedFinishers();
     std::shared_ptr<PrefillTicket> t;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+      cv_.wait(lock,
+               [&] { return stop_ || (!queue_.empty() && finishing_.size() < max_finishing); });
       if (queue_.empty()) return;  // stopping, nothing left
       t = std::move(queue_.front());
       queue_.pop_front();
       running_ = t;
     }
-    PrefillOutcome outcome = runner_(t->job(), t->cancel_);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      running_ = nullptr;
-      cv_.notify_all();
+    RunnerResult r = runner_(t->job(), t->cancel_);
+    std::unique_lock<std::mutex> lock(mu_);
+    running_ = nullptr;
+    cv_.notify_all();
+    if (r.finish) {
+      Finish(std::move(t), std::move(r.finish));
+      continue;
     }
-    t->Complete(std::move(outcome));
+    lock.unlock();
+    t->Complete(std::move(r.outcome));
   }
 }
 
@@ -164,6 +216,11 @@ int PrefillQueue::queued() const {
 int PrefillQueue::running() const {
   std::lock_guard<std::mutex> lock(mu_);
   return running_ != nullptr ? 1 : 0;
+}
+
+int PrefillQueue::finishing() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(finishing_.size());
 }
 
 bool PrefillQueue::draining() const {

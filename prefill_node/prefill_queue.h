@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -51,6 +52,15 @@ struct PrefillOutcome {
   double queue_s = 0, compute_s = 0, transfer_s = 0, tail_s = 0, total_s = 0;
 };
 
+// What a Runner hands back: the job's outcome, or, when the engine's part is done but the outcome
+// waits on something else (the decode side's acknowledgement of the KV), `finish`, which the queue
+// runs on a thread of its own to get the outcome while the engine takes the next job.
+struct RunnerResult {
+  RunnerResult(PrefillOutcome o = {}) : outcome(std::move(o)) {}  // NOLINT: implicit on purpose
+  PrefillOutcome outcome;
+  std::function<PrefillOutcome()> finish;
+};
+
 // One submitted job: wait on it from the submitting thread.
 class PrefillTicket {
  public:
@@ -78,15 +88,18 @@ class PrefillTicket {
 
 class PrefillQueue {
  public:
-  // Does one job on the engine thread; returns when it has ended (soon after `cancel` is set).
-  // Its outcome goes to the ticket as it is (queue_s and total_s count from job.accepted).
-  using Runner = std::function<PrefillOutcome(const PrefillJob& job, CancelToken& cancel)>;
+  // Does one job's engine work on the engine thread; returns when it has ended (soon after
+  // `cancel` is set), with the outcome (to the ticket as it is: queue_s and total_s count from
+  // job.accepted) or a `finish` to wait for it off the engine thread (`cancel` still applies).
+  using Runner = std::function<RunnerResult(const PrefillJob& job, CancelToken& cancel)>;
 
   struct Options {
     int max_queue = 64;  // jobs waiting (not counting the running one); more: RESOURCE_EXHAUSTED
     // The engine thread calls SetComputeThreads(ComputeThreads()) first: its own OpenMP team,
     // pinned (thread_pool.h).
     bool pin_compute_threads = true;
+    // Jobs whose `finish` runs at once, at most; the engine waits for one to end beyond that.
+    int max_finishing = 8;
   };
 
   PrefillQueue(Runner runner, Options options);
@@ -104,17 +117,20 @@ class PrefillQueue {
 
   // Stops accepting (Submit: UNAVAILABLE); queued and running jobs go on.
   void Drain();
-  // Drain(), waits up to `grace` for every job to end, cancels what remains, and joins the
-  // engine thread. Idempotent.
+  // Drain(), waits up to `grace` for every job to end (finishing ones too), cancels what
+  // remains, and joins the engine thread and the finishing threads. Idempotent.
   void Shutdown(absl::Duration grace);
 
   int queued() const;
-  int running() const;  // 0 or 1
+  int running() const;    // on the engine: 0 or 1
+  int finishing() const;  // off the engine, waiting for their outcome
   bool draining() const;
 
  private:
   void Loop();
   bool CancelLocked(const PrefillTicket& ticket);  // mu_ held
+  void Finish(std::shared_ptr<PrefillTicket> t, std::function<PrefillOutcome()> finish);
+  void JoinEndedFinishers();  // mu_ not held
 
   const Runner runner_;
   const Options options_;
@@ -123,6 +139,12 @@ class PrefillQueue {
   // Guarded by mu_:
   std::deque<std::shared_ptr<PrefillTicket>> queue_;
   std::shared_ptr<PrefillTicket> running_;
+  std::vector<std::shared_ptr<PrefillTicket>> finishing_;
+  struct Finisher {
+    std::thread thread;
+    bool ended = false;  // guarded by mu_: the thread is done with everything but returning
+  };
+  std::list<Finisher> finishers_;  // touched under mu_; joined outside it
   bool draining_ = false;
   bool stop_ = false;
 

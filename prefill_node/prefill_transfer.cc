@@ -16,9 +16,9 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 }  // namespace
 
-PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
-                             const TransferOptions& options, const PrefillJob& job,
-                             CancelToken& cancel) {
+RunnerResult RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
+                           const TransferOptions& options, const PrefillJob& job,
+                           CancelToken& cancel) {
   PrefillOutcome o;
   const Clock::time_point start = Clock::now();
   o.queue_s = Seconds(job.accepted, start);
@@ -29,17 +29,18 @@ PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
   so.ack_timeout = options.ack_timeout;
   so.peer = job.decode_address;
   so.faults = options.faults.get();
-  KvSender sender(channels.Get(job.decode_address), job.transfer_id, so);
+  // Shared with the finish below, which may outlive this call.
+  auto sender = std::make_shared<KvSender>(channels.Get(job.decode_address), job.transfer_id, so);
+  absl::StatusOr<PrefillResult> r;
   {
     // A cancel wakes a Push blocked on the network, and ends the call.
-    ScopedOnCancel abort_stream(cancel, [&sender] { sender.Abort(); });
-    absl::StatusOr<PrefillResult> r;
+    ScopedOnCancel abort_stream(cancel, [&sender] { sender->Abort(); });
     if (KeepsEverything(job.trim, static_cast<int>(job.prompt.size()) - 1)) {
       PrefillRun run;
       run.plan = &job.plan;
       run.cancel = &cancel.flag();
       run.sink = [&sender](KvStore& store, int32_t kv_seq, const KvRange& range) {
-        return sender.PushRange(store, kv_seq, range);
+        return sender->PushRange(store, kv_seq, range);
       };
       r = engine.Run(job.prompt, run);
     } else {
@@ -50,38 +51,47 @@ PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
         r = absl::CancelledError("prefill: cancelled after the trimmed forward");
       }
       if (r.ok()) {
-        if (absl::Status s = sender.PushTrimmed(r->kv); !s.ok()) r = s;
+        if (absl::Status s = sender->PushTrimmed(r->kv); !s.ok()) r = s;
       }
-    }
-    const Clock::time_point computed = Clock::now();
-    o.compute_s = Seconds(start, computed);
-    if (r.ok()) {
-      o.prefilled_tokens = r->prefilled_tokens;
-      absl::StatusOr<v1::PushKvResponse> ack = sender.Finish();
-      const KvSenderStats st = sender.stats();
-      o.chunks_sent = st.chunks;
-      o.bytes_sent = st.bytes;
-      if (!ack.ok()) {
-        o.status = ack.status();
-      } else if (ack->chunks() != st.chunks || ack->bytes() != st.bytes) {
-        o.status = absl::InternalError(absl::StrCat(
-            "KV transfer ", job.transfer_id, ": the decode worker acknowledged ", ack->chunks(),
-            " chunks of ", ack->bytes(), " bytes, ", st.chunks, " of ", st.bytes, " were sent"));
-      }
-      if (st.ack.has_value()) {
-        if (st.first_handed.has_value()) o.transfer_s = Seconds(*st.first_handed, *st.ack);
-        o.tail_s = std::max(0.0, Seconds(computed, *st.ack));
-      }
-    } else {
-      o.status = r.status();
-      sender.Abort();
-      const KvSenderStats st = sender.stats();
-      o.chunks_sent = st.chunks;
-      o.bytes_sent = st.bytes;
     }
   }
-  o.total_s = Seconds(job.accepted, Clock::now());
-  return o;
+  const Clock::time_point computed = Clock::now();
+  o.compute_s = Seconds(start, computed);
+  if (!r.ok()) {
+    o.status = r.status();
+    sender->Abort();
+    const KvSenderStats st = sender->stats();
+    o.chunks_sent = st.chunks;
+    o.bytes_sent = st.bytes;
+    o.total_s = Seconds(job.accepted, Clock::now());
+    return o;
+  }
+  o.prefilled_tokens = r->prefilled_tokens;
+  // The engine is done with this job: the end message and the wait for the decode side's
+  // acknowledgement happen off the engine thread, which takes the next job meanwhile (a decode
+  // worker that is slow to acknowledge, or paused, no longer holds up every other prefill).
+  RunnerResult result;
+  result.finish = [sender, o, computed, &job, &cancel]() mutable {
+    ScopedOnCancel abort_stream(cancel, [&sender] { sender->Abort(); });
+    absl::StatusOr<v1::PushKvResponse> ack = sender->Finish();
+    const KvSenderStats st = sender->stats();
+    o.chunks_sent = st.chunks;
+    o.bytes_sent = st.bytes;
+    if (!ack.ok()) {
+      o.status = ack.status();
+    } else if (ack->chunks() != st.chunks || ack->bytes() != st.bytes) {
+      o.status = absl::InternalError(absl::StrCat(
+          "KV transfer ", job.transfer_id, ": the decode worker acknowledged ", ack->chunks(),
+          " chunks of ", ack->bytes(), " bytes, ", st.chunks, " of ", st.bytes, " were sent"));
+    }
+    if (st.ack.has_value()) {
+      if (st.first_handed.has_value()) o.transfer_s = Seconds(*st.first_handed, *st.ack);
+      o.tail_s = std::max(0.0, Seconds(computed, *st.ack));
+    }
+    o.total_s = Seconds(job.accepted, Clock::now());
+    return o;
+  };
+  return result;
 }
 
 }  // namespace tripod

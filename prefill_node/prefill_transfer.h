@@ -27,8 +27,11 @@ struct TransferOptions {
 // Timing: queue_s from job.accepted to the start; compute_s the forward; transfer_s from the
 // first message handed to the stream to the acknowledgement; tail_s from the end of the forward
 // to the acknowledgement; total_s from job.accepted to the end.
-PrefillOutcome RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
-                             const TransferOptions& options, const PrefillJob& job,
-                             CancelToken& cancel);
+// The forward runs here; the end message and the wait for the acknowledgement are the result's
+// `finish`, which PrefillQueue runs off the engine thread (`job` and `cancel`, the ticket's,
+// outlive it). A forward that fails returns its outcome at once.
+RunnerResult RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
+                           const TransferOptions& options, const PrefillJob& job,
+                           CancelToken& cancel);
 
 }  // namespace tripod

@@ -16,9 +16,18 @@ PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
   qo.max_queue = options.max_queue;
   queue_ = std::make_unique<PrefillQueue>(
       [this, transfer](const PrefillJob& job, CancelToken& cancel) {
-        PrefillOutcome o = RunPrefillJob(engine_, channels_, transfer, job, cancel);
-        if (metrics_ != nullptr) metrics_->JobDone(job, o);
-        return o;
+        RunnerResult r = RunPrefillJob(engine_, channels_, transfer, job, cancel);
+        if (metrics_ == nullptr) return r;
+        if (!r.finish) {
+          metrics_->JobDone(job, r.outcome);
+          return r;
+        }
+        r.finish = [this, &job, finish = std::move(r.finish)] {
+          PrefillOutcome o = finish();
+          metrics_->JobDone(job, o);
+          return o;
+        };
+        return r;
       },
       qo);
   if (metrics_ != nullptr) metrics_->AddQueueGauges(*queue_);

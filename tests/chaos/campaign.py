@@ -116,6 +116,7 @@ async def run_faults(progress, n, c, log, pause_s, health_wait_s):
 
   def note(what):
     events.append({"t_s": round(time.monotonic() - t0, 2), "started": progress["started"],
+                   "ended": progress["ended"],
                    "event": what})
     log(f"chaos: {events[-1]}")
 

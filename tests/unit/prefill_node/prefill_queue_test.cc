@@ -198,6 +198,91 @@ TEST(PrefillQueueTest, ShutdownFinishesWithinGraceThenCancels) {
   }
 }
 
+// A runner whose even request ids end at once and odd ones hand back a finish that waits until
+// `open` (or its cancel): the engine's part is done, the outcome is not.
+struct Finishing {
+  std::atomic<bool> open{false};
+  std::atomic<int> started{0};
+
+  PrefillQueue::Runner Runner() {
+    return [this](const PrefillJob& job, CancelToken& cancel) {
+      ++started;
+      RunnerResult r;
+      r.outcome.prefilled_tokens = 1;
+      if (job.request_id % 2 == 0) return r;
+      r.finish = [this, &cancel] {
+        std::atomic<bool> cancelled{false};
+        ScopedOnCancel on_cancel(cancel, [&cancelled] { cancelled = true; });
+        PrefillOutcome o;
+        const absl::Time deadline = absl::Now() + kBound;
+        while (!open && !cancelled && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+        if (cancelled) {
+          o.status = absl::CancelledError("finish cancelled");
+        } else {
+          o.prefilled_tokens = 42;
+        }
+        return o;
+      };
+      return r;
+    };
+  }
+};
+
+TEST(PrefillQueueTest, AFinishRunsOffTheEngineWhileTheNextJobRuns) {
+  Finishing f;
+  PrefillQueue q(f.Runner(), Opts(4));
+  auto slow = q.Submit(Job(1));
+  auto fast = q.Submit(Job(2));
+  ASSERT_TRUE(slow.ok() && fast.ok());
+  ASSERT_TRUE((*fast)->WaitUntil(absl::Now() + kBound));  // not held up by job 1's finish
+  EXPECT_EQ((*fast)->outcome().prefilled_tokens, 1);
+  EXPECT_FALSE((*slow)->done());
+  EXPECT_EQ(q.finishing(), 1);
+  EXPECT_EQ(q.running(), 0);
+  EXPECT_EQ(q.Submit(Job(1)).status().code(), absl::StatusCode::kAlreadyExists);
+  f.open = true;
+  ASSERT_TRUE((*slow)->WaitUntil(absl::Now() + kBound));
+  EXPECT_TRUE((*slow)->outcome().status.ok());
+  EXPECT_EQ((*slow)->outcome().prefilled_tokens, 42);
+  EXPECT_TRUE(WaitFor([&] { return q.finishing() == 0; }));
+}
+
+TEST(PrefillQueueTest, CancelAndShutdownReachFinishingJobs) {
+  Finishing f;
+  PrefillQueue q(f.Runner(), Opts(4));
+  auto a = q.Submit(Job(1));
+  auto b = q.Submit(Job(3));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(WaitFor([&] { return q.finishing() == 2; }));
+  EXPECT_TRUE(q.Cancel(1));
+  ASSERT_TRUE((*a)->WaitUntil(absl::Now() + kBound));
+  EXPECT_EQ((*a)->outcome().status.code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE((*b)->done());
+  q.Shutdown(absl::ZeroDuration());  // cancels job 3's finish and joins its thread
+  ASSERT_TRUE((*b)->done());
+  EXPECT_EQ((*b)->outcome().status.code(), absl::StatusCode::kCancelled);
+}
+
+TEST(PrefillQueueTest, TheEngineWaitsBeyondMaxFinishing) {
+  Finishing f;
+  PrefillQueue::Options o = Opts(4);
+  o.max_finishing = 1;
+  PrefillQueue q(f.Runner(), o);
+  auto a = q.Submit(Job(1));
+  auto b = q.Submit(Job(2));
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(WaitFor([&] { return q.finishing() == 1; }));
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_EQ(f.started.load(), 1);  // job 2 waits for job 1's finish
+  EXPECT_FALSE((*b)->done());
+  f.open = true;
+  ASSERT_TRUE((*b)->WaitUntil(absl::Now() + kBound));
+  EXPECT_EQ(f.started.load(), 2);
+  ASSERT_TRUE((*a)->WaitUntil(absl::Now() + kBound));
+}
+
 TEST(CancelTokenTest, CallbackRunsOnceAndNotAfterUnregistering) {
   CancelToken t;
   int runs = 0;
