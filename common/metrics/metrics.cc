@@ -1,6 +1,8 @@
 // Counters, gauges and histograms, their registry and the text exposition; see metrics.h.
 #include "common/metrics/metrics.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -348,6 +350,13 @@ void Registry::AddProcessMetrics() {
     AddCallback(e.name, e.help, e.kind, {},
                 [field = e.field] { return ReadProcessStats().*field; });
   }
+  // glibc's count of the heap bytes handed out and not freed: beside resident memory it tells a
+  // leak (this grows) from allocator caching and fragmentation (only resident memory grows).
+  AddCallback("tripod:heap_in_use_bytes", "Heap bytes allocated and not freed (glibc mallinfo2)",
+              Kind::kGauge, {}, [] {
+                const struct mallinfo2 m = mallinfo2();
+                return static_cast<double>(m.uordblks + m.hblkhd);
+              });
 }
 
 std::string Registry::Exposition() const {
