@@ -352,7 +352,7 @@ void Registry::AddProcessMetrics() {
   }
   // glibc's count of the heap bytes handed out and not freed: beside resident memory it tells a
   // leak (this grows) from allocator caching and fragmentation (only resident memory grows).
-  AddCallback("tripod:heap_in_use_bytes", "Heap bytes allocated and not freed (glibc mallinfo2)",
+  AddCallback("process_heap_in_use_bytes", "Heap bytes allocated and not freed (glibc mallinfo2)",
               Kind::kGauge, {}, [] {
                 const struct mallinfo2 m = mallinfo2();
                 return static_cast<double>(m.uordblks + m.hblkhd);
