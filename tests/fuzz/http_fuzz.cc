@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/http/http_server.h"
+#include "tests/unit/common/http/loopback_socket.h"
 
 namespace {
 
@@ -71,16 +72,9 @@ HttpServer* Server() {
 }
 
 int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  Check(fd >= 0, "socket");
-  timeval tv{10, 0};  // past the server's own timeouts: a read this long is a hang
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  Check(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "connect");
+  // A read this long (past the server's own timeouts) is a hang.
+  const int fd = tripod::testing::ConnectLoopback(port, 10);
+  Check(fd >= 0, "connect");
   return fd;
 }
 

@@ -26,6 +26,7 @@
 #include "common/util/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/http/loopback_socket.h"
 
 namespace tripod::http {
 namespace {
@@ -46,16 +47,8 @@ struct Response {
 class Client {
  public:
   explicit Client(int port, int rcvbuf = 0) {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    timeval tv{5, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    if (rcvbuf > 0) setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    fd_ = tripod::testing::ConnectLoopback(port, 5, rcvbuf);
+    connected_ = fd_ >= 0;
   }
   ~Client() { Close(); }
   Client(const Client&) = delete;

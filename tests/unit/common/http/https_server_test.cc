@@ -25,6 +25,7 @@
 
 #include "common/http/http_server.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/http/loopback_socket.h"
 
 namespace tripod::http {
 namespace {
@@ -69,29 +70,13 @@ bool MakeCert(CertFiles* f) {
   return ok;
 }
 
-int Connect(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // A blocking TLS client (no certificate check: what is tested is the server's side of TLS; the
 // integration tests check verification with a CA).
 class TlsClient {
  public:
   explicit TlsClient(int port) {
     ctx_ = SSL_CTX_new(TLS_client_method());
-    fd_ = Connect(port);
+    fd_ = tripod::testing::ConnectLoopback(port, 10);
     if (ctx_ == nullptr || fd_ < 0) return;
     SSL_CTX_set_verify(ctx_, SSL_VERIFY_NONE, nullptr);
     ssl_ = SSL_new(ctx_);
@@ -199,7 +184,7 @@ TEST_F(HttpsServerTest, AnswersAndStreamsOnConcurrentConnections) {
 TEST_F(HttpsServerTest, PlaintextAndHalfHandshakesAreDroppedAndTheServerServesOn) {
   {
     // Plain HTTP to the TLS port: no HTTP answer comes back.
-    const int fd = Connect(server_->port());
+    const int fd = tripod::testing::ConnectLoopback(server_->port(), 10);
     ASSERT_GE(fd, 0);
     const std::string get = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     ASSERT_EQ(send(fd, get.data(), get.size(), MSG_NOSIGNAL), static_cast<ssize_t>(get.size()));
@@ -210,7 +195,7 @@ TEST_F(HttpsServerTest, PlaintextAndHalfHandshakesAreDroppedAndTheServerServesOn
   }
   {
     // A client that sends half a ClientHello and leaves.
-    const int fd = Connect(server_->port());
+    const int fd = tripod::testing::ConnectLoopback(server_->port(), 10);
     ASSERT_GE(fd, 0);
     const unsigned char hello_start[] = {0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc};
     ASSERT_EQ(send(fd, hello_start, sizeof(hello_start), MSG_NOSIGNAL),

@@ -22,6 +22,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/common/http/loopback_socket.h"
 
 namespace tripod::metrics {
 namespace {
@@ -39,17 +40,12 @@ struct Response {
 class Client {
  public:
   explicit Client(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    timeval tv{5, 0};
-    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    setsockopt(fd_, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    fd_ = tripod::testing::ConnectLoopback(port);
+    connected_ = fd_ >= 0;
   }
-  ~Client() { close(fd_); }
+  ~Client() {
+    if (fd_ >= 0) close(fd_);
+  }
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
