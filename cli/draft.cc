@@ -30,6 +30,9 @@ ABSL_DECLARE_FLAG(int, chunk);
 ABSL_FLAG(int, draft_layers, 0,
           "draft: self-draft depth, the first N layers of --model (0: --model is the draft, run "
           "in full); serve: the draft workers' self-draft depth (0: tripod-draft's default, 8)");
+ABSL_FLAG(std::string, lookahead_layers, "all",
+          "draft, eval-longctx, serve: a self-draft's depth for SpecKV's lookahead: all or N >= "
+          "--draft_layers (as tripod-draft's)");
 ABSL_FLAG(std::string, draft_target, "", "draft: target model whose vocabulary must match");
 ABSL_FLAG(int, window, 64, "draft: SpecPC window w (queries scored, positions always kept)");
 ABSL_FLAG(int, budget, 0, "draft: SpecPC budget in tokens (0: scores only)");
@@ -45,6 +48,7 @@ absl::Status DraftMain() {
   o.model_path = absl::GetFlag(FLAGS_model);
   if (o.model_path.empty()) o.model_path = BundledModelPath();
   o.self_draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
   o.target_model_path = absl::GetFlag(FLAGS_draft_target);
   o.precision = absl::GetFlag(FLAGS_precision);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);

@@ -37,6 +37,7 @@ ABSL_DECLARE_FLAG(std::string, shard);
 ABSL_DECLARE_FLAG(std::string, merge);
 ABSL_DECLARE_FLAG(int, chunk);
 ABSL_DECLARE_FLAG(int, draft_layers);
+ABSL_DECLARE_FLAG(std::string, lookahead_layers);
 ABSL_DECLARE_FLAG(std::string, pop);  // cli/serve.cc: the POP ratio
 
 ABSL_FLAG(std::string, lengths, "1024,2048,4096",
@@ -210,6 +211,7 @@ absl::Status EvalLongCtxMain() {
   o.trim_pool = absl::GetFlag(FLAGS_trim_pool);
   if (o.trim_pool < 1) return absl::InvalidArgumentError("eval-longctx: --trim_pool must be >= 1");
   if (absl::GetFlag(FLAGS_draft_layers) > 0) o.draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
   ASSIGN_OR_RETURN(std::unique_ptr<LongCtxEvaluator> eval, LongCtxEvaluator::Create(o));
   std::string corpus_path = absl::GetFlag(FLAGS_corpus);
   if (corpus_path.empty()) {

@@ -52,7 +52,8 @@ ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, precision);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 
-ABSL_DECLARE_FLAG(int, draft_layers);  // cli/draft.cc
+ABSL_DECLARE_FLAG(int, draft_layers);              // cli/draft.cc
+ABSL_DECLARE_FLAG(std::string, lookahead_layers);  // cli/draft.cc
 
 ABSL_FLAG(int, port, 8000, "serve: the API's HTTP port (0: any free port)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address the API listens on");
@@ -605,6 +606,7 @@ absl::Status ServeMain() {
     if (const int layers = absl::GetFlag(FLAGS_draft_layers); layers > 0) {
       c.args.push_back(absl::StrCat("--draft_layers=", layers));
     }
+    c.args.push_back("--lookahead_layers=" + absl::GetFlag(FLAGS_lookahead_layers));
     tls(c, "draft");
     const std::vector<Child*>& beside = prefillers.empty() ? decoders : prefillers;
     c.cpus = beside[i % beside.size()]->cpus;

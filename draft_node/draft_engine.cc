@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "absl/status/status.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/kv/kv_dtype.h"
 #include "common/model/bundled_model.h"
@@ -32,6 +33,16 @@ absl::StatusOr<std::vector<std::string>> VocabTokens(const std::string& path) {
 
 }  // namespace
 
+absl::StatusOr<int> ParseLookaheadLayers(const std::string& text) {
+  if (text == "all") return kAllLayers;
+  int n = 0;
+  if (!absl::SimpleAtoi(text, &n) || n <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft: lookahead layers must be 'all' or a positive layer count, got '", text, "'"));
+  }
+  return n;
+}
+
 int DefaultFirstLayer(int depth) { return depth < 16 ? depth / 2 : 8; }
 
 absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(const DraftEngineOptions& options,
@@ -53,6 +64,18 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(const DraftEngi
                                                    options.self_draft_layers));
   }
   e->depth_ = options.self_draft_layers > 0 ? options.self_draft_layers : config.n_layers;
+  const int look = options.lookahead_layers;
+  if (options.self_draft_layers == 0 && look > 0 && look != config.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "draft: lookahead layers apply to a self-draft; a separate draft model runs in full (",
+        config.n_layers, " layers), got ", look));
+  }
+  if (look < kAllLayers || (look > 0 && (look < e->depth_ || look > config.n_layers))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("draft: lookahead layers must be in [", e->depth_, ", ", config.n_layers,
+                     "] (the self-draft's depth to the model's) or all, got ", look));
+  }
+  e->lookahead_depth_ = look == kAllLayers ? config.n_layers : look == 0 ? e->depth_ : look;
   if (!options.target_model_path.empty() && options.target_model_path != path) {
     ASSIGN_OR_RETURN(std::vector<std::string> mine, VocabTokens(path));
     ASSIGN_OR_RETURN(std::vector<std::string> target, VocabTokens(options.target_model_path));
@@ -67,9 +90,12 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(const DraftEngi
   e->backend_ = std::move(backend);
   WeightSelection selection;
   selection.layers.assign(config.n_layers, LayerNeed::kFull);
-  for (int l = e->depth_; l < config.n_layers; ++l) selection.layers[l] = LayerNeed::kNone;
+  for (int l = e->lookahead_depth_; l < config.n_layers; ++l) {
+    selection.layers[l] = LayerNeed::kNone;
+  }
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_, selection));
   e->plan_ = ForwardPlan::SelfDraft(config.n_layers, e->depth_);
+  e->lookahead_plan_ = ForwardPlan::SelfDraft(config.n_layers, e->lookahead_depth_);
   KvLayout layout;
   layout.n_layers = config.n_layers;
   layout.n_kv_heads = config.n_kv_heads;
@@ -123,7 +149,10 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
   // max(window, the chunking's remainder) tokens, the rest in full chunks before it.
   const int chunk = options_.prefill_chunk;
   const int tail = std::min(n, std::max(r.specpc.window, (n - 1) % chunk + 1));
-  ForwardPlan capture_plan = plan_;
+  // With lookahead tokens to generate, the prompt's pass runs as deep as they need; the first
+  // depth_ layers compute the same either way, so the map does not change.
+  const ForwardPlan& prompt_plan = r.lookahead > 0 ? lookahead_plan_ : plan_;
+  ForwardPlan capture_plan = prompt_plan;
   capture_plan.capture.window = r.specpc.window;
   capture_plan.capture.ramp_weights = true;
   capture_plan.capture.layers.assign(c.n_layers, 0);
@@ -135,7 +164,7 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
     const int len = last ? tail : std::min(chunk, n - tail - begin);
     StepBatch batch;
     batch.AddSequence(0, r.prompt.data() + begin, len, begin, begin, last);
-    RETURN_IF_ERROR(Forward(*model_, *backend_, last ? capture_plan : plan_, batch, *kv, *ws_,
+    RETURN_IF_ERROR(Forward(*model_, *backend_, last ? capture_plan : prompt_plan, batch, *kv, *ws_,
                             last ? &logits : nullptr, {}, last ? &captured : nullptr));
     begin += len;
   }
@@ -152,7 +181,7 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
     if (i + 1 == r.lookahead) break;
     StepBatch batch;
     batch.AddSequence(0, &next, 1, n + i, n + i, true);
-    RETURN_IF_ERROR(Forward(*model_, *backend_, plan_, batch, *kv, *ws_, &logits));
+    RETURN_IF_ERROR(Forward(*model_, *backend_, lookahead_plan_, batch, *kv, *ws_, &logits));
   }
   out.lookahead_s = Since(t1);
   return out;

@@ -25,6 +25,13 @@ struct DraftEngineOptions {
   // > 0: a self-draft, the first `self_draft_layers` layers of model_path (no second file);
   // 0: model_path is the draft model itself, run in full.
   int self_draft_layers = 0;
+  // A self-draft's layers for SpecKV's lookahead (the prompt's pass runs this deep when a request
+  // asks for lookahead tokens; the map still comes from the first self_draft_layers, unchanged):
+  // 0, the self-draft's depth; kAllLayers, the whole model (its greedy tokens are the target's
+  // own); else in [self_draft_layers, the model's layers]. Why deeper: on the bundled 135M model
+  // only the full depth's lookahead matches the target's answer often enough for SpecKV to keep
+  // its accuracy (docs/draft.md). A separate draft model runs in full either way.
+  int lookahead_layers = 0;
   // A target model whose vocabulary the draft must share (checked at load; empty: not checked).
   std::string target_model_path;
   std::string backend = "cpu";     // cpu | cuda (MakeBackend)
@@ -50,6 +57,11 @@ struct DraftResult {
   double prefill_s = 0, lookahead_s = 0;
 };
 
+inline constexpr int kAllLayers = -1;
+
+// "all" (kAllLayers) or a positive layer count: tripod-draft's --lookahead_layers.
+absl::StatusOr<int> ParseLookaheadLayers(const std::string& text);
+
 // l_0 for a draft of `depth` layers: 8, or depth / 2 for drafts under 16 layers.
 int DefaultFirstLayer(int depth);
 
@@ -66,6 +78,8 @@ class DraftEngine {
 
   // Layers the draft runs (its depth) and the vocabulary it scores in.
   int depth() const { return depth_; }
+  // Layers that generate the lookahead (>= depth()).
+  int lookahead_depth() const { return lookahead_depth_; }
   const LoadedModel& model() const { return *model_; }
 
   // One request at a time (the compute uses every core); concurrent callers wait.
@@ -75,12 +89,14 @@ class DraftEngine {
   DraftEngine() = default;
   DraftEngineOptions options_;
   int depth_ = 0;
+  int lookahead_depth_ = 0;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<LoadedModel> model_;
   KvLayout kv_layout_;  // the draft's KV, made per request (ContiguousKvCache) and freed with it
   int context_ = 0;     // prompt + lookahead tokens at most
   std::unique_ptr<ForwardWorkspace> ws_;
-  ForwardPlan plan_;
+  ForwardPlan plan_;            // depth_ layers: the map alone
+  ForwardPlan lookahead_plan_;  // lookahead_depth_ layers: the prompt's pass and the lookahead
   std::mutex mu_;
 };
 

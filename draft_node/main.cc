@@ -42,6 +42,10 @@ ABSL_FLAG(std::string, model, "", "GGUF model file (default: the bundled model)"
 ABSL_FLAG(int, draft_layers, 8,
           "self-draft depth: the first N layers of --model with its norm and head (0: --model is a "
           "separate draft model, run in full)");
+ABSL_FLAG(std::string, lookahead_layers, "all",
+          "a self-draft's depth for SpecKV's lookahead tokens: all (the target's own greedy "
+          "tokens; on the bundled model only these keep SpecKV's accuracy) or N >= --draft_layers; "
+          "the importance map still comes from the first --draft_layers");
 ABSL_FLAG(std::string, target_model, "",
           "the target model, whose vocabulary a separate draft must share (checked at start)");
 ABSL_FLAG(std::string, backend, "cpu", "cpu | cuda (the draft on the GPU: bf16 weights, f16 KV)");
@@ -77,6 +81,7 @@ absl::Status Serve(const sigset_t& signals) {
   o.model_path = absl::GetFlag(FLAGS_model);
   if (o.model_path.empty()) o.model_path = BundledModelPath();
   o.self_draft_layers = absl::GetFlag(FLAGS_draft_layers);
+  ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
   o.target_model_path = absl::GetFlag(FLAGS_target_model);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.precision = absl::GetFlag(FLAGS_precision);
@@ -95,8 +100,9 @@ absl::Status Serve(const sigset_t& signals) {
     ToWire(t, &target);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<DraftEngine> engine, DraftEngine::Create(o));
-  spdlog::info("tripod-draft: model {}, {} of {} layers, {} threads, chunk {}", identity.file_name,
-               engine->depth(), engine->model().config.n_layers, ComputeThreads(), o.prefill_chunk);
+  spdlog::info("tripod-draft: model {}, {} of {} layers ({} for lookahead), {} threads, chunk {}",
+               identity.file_name, engine->depth(), engine->model().config.n_layers,
+               engine->lookahead_depth(), ComputeThreads(), o.prefill_chunk);
 
   metrics::Registry registry;
   DraftMetrics metrics(registry);

@@ -54,6 +54,7 @@ absl::StatusOr<std::unique_ptr<LongCtxEvaluator>> LongCtxEvaluator::Create(
   DraftEngineOptions d;
   d.model_path = path;
   d.self_draft_layers = options.draft_layers;
+  d.lookahead_layers = options.lookahead_layers;
   d.precision = options.precision;
   d.prefill_chunk = options.chunk;
   ASSIGN_OR_RETURN(e->draft_, DraftEngine::Create(d));

@@ -23,12 +23,13 @@ namespace tripod {
 struct LongCtxOptions {
   std::string model_path;  // empty: the bundled model
   std::string precision = "auto";
-  int draft_layers = 8;           // the self-draft's depth (as tripod-draft's default)
-  int chunk = 512;                // prefill chunk
-  std::string pop_ratio = "1/3";  // the POP-on rows' plan
-  int trim_window = 32;           // SpecKV / SnapKV observation window (as the scheduler's)
-  int trim_pool = 7;              // SpecKV / SnapKV max-pool of the scores (the worker's default)
-  int speckv_lookahead = 64;      // at most; also at most the task's answer length
+  int draft_layers = 8;               // the self-draft's depth (as tripod-draft's default)
+  int lookahead_layers = kAllLayers;  // its depth for SpecKV's lookahead (as tripod-draft's)
+  int chunk = 512;                    // prefill chunk
+  std::string pop_ratio = "1/3";      // the POP-on rows' plan
+  int trim_window = 32;               // SpecKV / SnapKV observation window (as the scheduler's)
+  int trim_pool = 7;          // SpecKV / SnapKV max-pool of the scores (the worker's default)
+  int speckv_lookahead = 64;  // at most; also at most the task's answer length
 };
 
 // "full", "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm".

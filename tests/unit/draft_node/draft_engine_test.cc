@@ -1,5 +1,6 @@
 // The draft engine on the bundled model: a self-draft of every layer generates the target's own
-// greedy tokens (Session, the CLI's loop, as the independent path); the captured scores do not
+// greedy tokens (Session, the CLI's loop, as the independent path), and so does a shallow
+// self-draft's lookahead when it runs at full depth, its map unchanged; the captured scores do not
 // depend on how the prompt was chunked; SpecPC's kept set holds the window and the budget, and a
 // budget at or above the prompt keeps it whole; bad requests get clear errors.
 #include "draft_node/draft_engine.h"
@@ -22,16 +23,36 @@ std::vector<int32_t> SomePrompt(int n) {
   return ids;
 }
 
-std::unique_ptr<DraftEngine> Engine(int layers, int chunk, const std::string& precision = "fp32") {
+std::unique_ptr<DraftEngine> Engine(int layers, int chunk, const std::string& precision = "fp32",
+                                    int lookahead_layers = 0) {
   DraftEngineOptions o;
   o.model_path = TestModelPath();
   o.self_draft_layers = layers;
+  o.lookahead_layers = lookahead_layers;
   o.prefill_chunk = chunk;
   o.precision = precision;
   o.context_tokens = 512;
   absl::StatusOr<std::unique_ptr<DraftEngine>> e = DraftEngine::Create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(*e) : nullptr;
+}
+
+// The target's own greedy tokens after `prompt`, through Session (the CLI's loop).
+std::vector<int32_t> TargetGreedy(const std::vector<int32_t>& prompt, int n) {
+  SessionOptions so;
+  so.model_path = TestModelPath();
+  so.precision = "fp32";
+  so.context_tokens = 512;
+  std::unique_ptr<Session> s = *Session::Open(so);
+  std::vector<int32_t> want;
+  std::vector<float> logits = *s->Append(prompt);
+  for (int i = 0; i < n; ++i) {
+    const int32_t t =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    want.push_back(t);
+    logits = *s->Append({t});
+  }
+  return want;
 }
 
 TEST(DraftEngineTest, FullDepthSelfDraftGeneratesTheTargetsGreedyTokens) {
@@ -43,22 +64,43 @@ TEST(DraftEngineTest, FullDepthSelfDraftGeneratesTheTargetsGreedyTokens) {
   r.lookahead = 6;
   absl::StatusOr<DraftResult> got = e->Score(r);
   ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->lookahead.size(), 6u);
+  EXPECT_EQ(got->lookahead, TargetGreedy(r.prompt, 6));
+}
 
-  SessionOptions so;
-  so.model_path = TestModelPath();
-  so.precision = "fp32";
-  so.context_tokens = 512;
-  std::unique_ptr<Session> s = *Session::Open(so);
-  std::vector<int32_t> want;
-  std::vector<float> logits = *s->Append(r.prompt);
-  for (int i = 0; i < 6; ++i) {
-    const int32_t t =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    want.push_back(t);
-    logits = *s->Append({t});
-  }
-  EXPECT_EQ(got->lookahead, want);
+TEST(DraftEngineTest, DeeperLookaheadLeavesTheMapAndGeneratesAtItsDepth) {
+  // An 8-layer self-draft whose lookahead comes from every layer: the map (scores, kept set) is
+  // the 8-layer draft's exactly, and the lookahead is the target's greedy tokens, which the
+  // 8-layer draft's own lookahead is not on this prompt.
+  std::unique_ptr<DraftEngine> shallow = Engine(8, 32), deep = Engine(8, 32, "fp32", kAllLayers);
+  ASSERT_NE(shallow, nullptr);
+  ASSERT_NE(deep, nullptr);
+  EXPECT_EQ(deep->depth(), 8);
+  EXPECT_EQ(deep->lookahead_depth(), deep->model().config.n_layers);
+  EXPECT_EQ(shallow->lookahead_depth(), 8);
+  DraftRequest r;
+  r.prompt = SomePrompt(60);
+  r.specpc.window = 12;
+  r.specpc.budget = 24;
+  r.lookahead = 6;
+  absl::StatusOr<DraftResult> a = shallow->Score(r), b = deep->Score(r);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(a->token_scores, b->token_scores);
+  EXPECT_EQ(a->keep, b->keep);
+  const std::vector<int32_t> target = TargetGreedy(r.prompt, 6);
+  EXPECT_EQ(b->lookahead, target);
+  EXPECT_NE(a->lookahead, target);
+  // Without lookahead tokens the deep engine runs only its 8 layers: the same map again.
+  r.lookahead = 0;
+  absl::StatusOr<DraftResult> c = deep->Score(r);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->token_scores, a->token_scores);
+  EXPECT_TRUE(c->lookahead.empty());
+
+  EXPECT_EQ(*ParseLookaheadLayers("all"), kAllLayers);
+  EXPECT_EQ(*ParseLookaheadLayers("12"), 12);
+  EXPECT_FALSE(ParseLookaheadLayers("0").ok());
+  EXPECT_FALSE(ParseLookaheadLayers("deep").ok());
 }
 
 TEST(DraftEngineTest, ScoresDoNotDependOnChunkingAndKeepHoldsWindowAndBudget) {
@@ -130,6 +172,18 @@ TEST(DraftEngineTest, BadRequestsAndOptionsAreRefusedWithAMessage) {
   absl::StatusOr<std::unique_ptr<DraftEngine>> bad = DraftEngine::Create(o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("self-draft layers"), std::string::npos) << bad.status();
+  o.self_draft_layers = 8;
+  for (int look : {4, 99, -2}) {  // shallower than the draft, deeper than the model, nonsense
+    o.lookahead_layers = look;
+    bad = DraftEngine::Create(o);
+    ASSERT_FALSE(bad.ok()) << look;
+    EXPECT_NE(bad.status().message().find("lookahead layers"), std::string::npos) << bad.status();
+  }
+  o.self_draft_layers = 0;  // a separate draft runs in full
+  o.lookahead_layers = 12;
+  bad = DraftEngine::Create(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("separate draft"), std::string::npos) << bad.status();
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 // Run's exact snapshot; StreamingLLM and the draft map keep their fixed positions' rows
 // unchanged; SpecKV and SnapKV keep, per layer and head, the budget: the window and the
 // best-scored rest, with rows equal to the untrimmed prefill's; the decode engine generates
-// from the trimmed KV; under POP the skipped layers are scored by queries from their own stream
-// (refused where their Q projections were not loaded); and the selection itself
-// on hand-made scores.
+// from the trimmed KV, and reads each head's entries in that head's own slot order; under POP the
+// skipped layers are scored by queries from their own stream (refused where their Q projections
+// were not loaded); and the selection itself on hand-made scores.
 #include "prefill_node/kv_trimming.h"
 
 #include <algorithm>
@@ -359,6 +359,33 @@ TEST_F(TrimEngineTest, DecodeNeverAttendsALayersPadding) {
   }
   ASSERT_TRUE(ValidateSnapshot(padded, 99).ok()) << ValidateSnapshot(padded, 99);
   EXPECT_EQ(DecodeFrom(prompt, std::move(padded), 8), DecodeFrom(prompt, std::move(kv), 8));
+}
+
+TEST_F(TrimEngineTest, EachHeadsOwnSlotOrderDecodesTheSame) {
+  // Trimmed heads hold different positions in different slots. The untrimmed KV with every
+  // (layer, head)'s slots rotated by its own amount, positions recorded, must decode as the
+  // untrimmed KV does: were a head's entries read with another head's positions, or a query head
+  // paired with the wrong KV head, the tokens would change.
+  const std::vector<int32_t> prompt = Prompt(100);
+  KvSnapshot full = engine_->Run(prompt)->kv;
+  const KvLayout& l = full.layout;
+  const int n = full.n_slots;
+  KvSnapshot turned = full;
+  turned.positions.clear();
+  for (int layer = 0; layer < l.n_layers; ++layer) {
+    for (int h = 0; h < l.n_kv_heads; ++h) {
+      for (int s = 0; s < n; ++s) {
+        const int src = (s + 7 * (h + 1) + layer) % n;
+        turned.positions.push_back(src);
+        std::memcpy(&turned.k[turned.offset(layer, h, s)], &full.k[full.offset(layer, h, src)],
+                    full.row_bytes());
+        std::memcpy(&turned.v[turned.offset(layer, h, s)], &full.v[full.offset(layer, h, src)],
+                    full.row_bytes());
+      }
+    }
+  }
+  ASSERT_TRUE(ValidateSnapshot(turned, 99).ok());
+  EXPECT_EQ(DecodeFrom(prompt, std::move(turned), 8), DecodeFrom(prompt, std::move(full), 8));
 }
 }  // namespace
 }  // namespace tripod
