@@ -44,7 +44,8 @@ ABSL_FLAG(std::string, lengths, "1024,2048,4096",
           "eval-longctx: prompt lengths in tokens, comma-separated (8192 on request)");
 ABSL_FLAG(std::string, budgets, "1/8,1/4,1/2",
           "eval-longctx: budgets as fractions of the prompt, comma-separated");
-ABSL_FLAG(std::string, methods, "full,speckv,specpc,draftmap,snapkv,pyramidkv,streamingllm",
+ABSL_FLAG(std::string, methods,
+          "full,speckv,specpc,draftmap,snapkv,pyramidkv,streamingllm,keeplast",
           "eval-longctx: methods, comma-separated (full is the uncompressed reference)");
 ABSL_FLAG(std::string, tasks, "niah_single,niah_multikey,niah_multivalue,vt,cwe",
           "eval-longctx: tasks, comma-separated");

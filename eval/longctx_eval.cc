@@ -22,14 +22,19 @@ bool Wants(const std::vector<std::string>& methods, const char* name) {
   return std::find(methods.begin(), methods.end(), name) != methods.end();
 }
 
+// Methods that replace the prompt by some of its tokens: their budget counts prompt tokens.
+bool CompressesPrompt(const std::string& method) {
+  return method == "specpc" || method == "keeplast";
+}
+
 // What a transfer of it sends (PyramidKV's padding left out).
 int64_t Bytes(const KvSnapshot& kv) { return static_cast<int64_t>(kv.kept_bytes()); }
 
 }  // namespace
 
 const std::vector<std::string>& LongCtxMethodNames() {
-  static const std::vector<std::string> names = {"full",   "speckv",    "specpc",      "draftmap",
-                                                 "snapkv", "pyramidkv", "streamingllm"};
+  static const std::vector<std::string> names = {"full",   "speckv",    "specpc",       "draftmap",
+                                                 "snapkv", "pyramidkv", "streamingllm", "keeplast"};
   return names;
 }
 
@@ -147,11 +152,11 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
       // method, as the scheduler does: the full row's KV, no draft hop.
       if (budget >= m) {
         for (const std::string& method : methods) {
-          if (method == "full" || (method == "specpc" && budget < n)) continue;
-          RETURN_IF_ERROR(add(method, fraction, method == "specpc" ? n : m, pop, prompt, full.kv,
-                              full.forward_s, 0));
+          if (method == "full" || (CompressesPrompt(method) && budget < n)) continue;
+          RETURN_IF_ERROR(add(method, fraction, CompressesPrompt(method) ? n : m, pop, prompt,
+                              full.kv, full.forward_s, 0));
         }
-        if (!Wants(methods, "specpc") || budget >= n) continue;
+        if ((!Wants(methods, "specpc") && !Wants(methods, "keeplast")) || budget >= n) continue;
       }
       const int kv_budget = budget;
       TrimPolicy policy;
@@ -213,6 +218,11 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
         ASSIGN_OR_RETURN(PrefillResult r, prefill_->Run(kept, run));
         RETURN_IF_ERROR(add("specpc", fraction, static_cast<int>(kept.size()), pop, kept, r.kv,
                             r.forward_s, draft.prefill_s));
+      }
+      if (Wants(methods, "keeplast")) {  // SpecPC's baseline: the prompt's last `budget` tokens
+        const std::vector<int32_t> kept(prompt.end() - budget, prompt.end());
+        ASSIGN_OR_RETURN(PrefillResult r, prefill_->Run(kept, run));
+        RETURN_IF_ERROR(add("keeplast", fraction, budget, pop, kept, r.kv, r.forward_s, 0));
       }
     }
   }

@@ -32,7 +32,7 @@ struct LongCtxOptions {
   int speckv_lookahead = 64;  // at most; also at most the task's answer length
 };
 
-// "full", "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm".
+// "full", "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm", "keeplast".
 const std::vector<std::string>& LongCtxMethodNames();
 
 struct LongCtxRow {

@@ -44,6 +44,7 @@ enum class DraftMethod {
   kSnapKv,    // baselines on the prefill worker, no draft
   kStreamingLlm,
   kPyramidKv,
+  kKeepLast,  // prompt compression's baseline: the prompt's last `budget` tokens (no draft)
 };
 
 // The method and its budget (tripod.method, tripod.budget).

@@ -15,7 +15,7 @@ constexpr struct {
     {DraftMethod::kNone, "none"},           {DraftMethod::kSpecKv, "speckv"},
     {DraftMethod::kSpecPc, "specpc"},       {DraftMethod::kDraftMap, "draftmap"},
     {DraftMethod::kSnapKv, "snapkv"},       {DraftMethod::kStreamingLlm, "streamingllm"},
-    {DraftMethod::kPyramidKv, "pyramidkv"},
+    {DraftMethod::kPyramidKv, "pyramidkv"}, {DraftMethod::kKeepLast, "keeplast"},
 };
 
 // Positions strictly ascending inside [0, limit).
@@ -47,7 +47,11 @@ bool NeedsDraft(DraftMethod m) {
   return m == DraftMethod::kSpecKv || m == DraftMethod::kSpecPc || m == DraftMethod::kDraftMap;
 }
 
-bool TrimsKv(DraftMethod m) { return m != DraftMethod::kNone && m != DraftMethod::kSpecPc; }
+bool TrimsKv(DraftMethod m) { return m != DraftMethod::kNone && !CompressesPrompt(m); }
+
+bool CompressesPrompt(DraftMethod m) {
+  return m == DraftMethod::kSpecPc || m == DraftMethod::kKeepLast;
+}
 
 int ResolveBudget(const MethodChoice& choice, int n) {
   if (choice.budget_tokens > 0) return choice.budget_tokens;
@@ -56,7 +60,7 @@ int ResolveBudget(const MethodChoice& choice, int n) {
 
 bool BudgetKeepsAll(DraftMethod m, int budget, int n) {
   if (m == DraftMethod::kNone) return true;
-  return m == DraftMethod::kSpecPc ? budget >= n : budget >= n - 1;
+  return CompressesPrompt(m) ? budget >= n : budget >= n - 1;
 }
 
 v1::ScoreRequest ScoreRequestFor(DraftMethod m, uint64_t request_id,
@@ -106,6 +110,10 @@ AppliedMethod ApplyMethod(DraftMethod m, int budget, const std::vector<int32_t>&
       for (int32_t i : map->keep()) a.prompt.push_back(prompt[i]);
       return a;
     }
+    case DraftMethod::kKeepLast:
+      // What vLLM's truncate_prompt_tokens does: the prompt's end, an ordinary prompt.
+      a.prompt.assign(prompt.end() - std::min(budget, n), prompt.end());
+      return a;
     case DraftMethod::kDraftMap: {
       std::vector<int32_t> keep;
       if (Ascending(map->keep(), n)) {

@@ -3,8 +3,9 @@
 // request. SpecPC replaces the prompt by the kept tokens (an ordinary prompt to the prefill
 // worker, so POP still applies); SpecKV hands the draft's lookahead to the prefill worker, which
 // scores its own KV with it; the draft map names the KV positions kept; SnapKV and StreamingLLM
-// trim on the prefill worker without a draft. Free functions over the wire messages, so that the
-// request lifecycle (request_call.h) only moves them.
+// trim on the prefill worker without a draft; keep-last (SpecPC's baseline) keeps the prompt's end.
+// Free functions over the wire messages, so that the request lifecycle (request_call.h) only moves
+// them.
 #pragma once
 
 #include <cstdint>
@@ -19,22 +20,24 @@
 
 namespace tripod::scheduler {
 
-// "none", "speckv", "specpc", "draftmap", "snapkv", "streamingllm", "pyramidkv".
+// "none", "speckv", "specpc", "draftmap", "snapkv", "streamingllm", "pyramidkv", "keeplast".
 const char* DraftMethodName(DraftMethod m);
 // The names above ("" is none); nullopt for any other.
 std::optional<DraftMethod> ParseDraftMethod(std::string_view name);
 
 // Methods that need the draft worker's importance map.
 bool NeedsDraft(DraftMethod m);
-// Methods that trim the KV on the prefill worker (everything but SpecPC and none).
+// Methods that trim the KV on the prefill worker (everything but none and the next two).
 bool TrimsKv(DraftMethod m);
+// Methods that replace the prompt by some of its tokens (SpecPC, keep-last).
+bool CompressesPrompt(DraftMethod m);
 
 // Tokens kept for a prompt of n tokens: the budget in tokens, or round(fraction * n), at least 1.
 int ResolveBudget(const MethodChoice& choice, int n);
 
 // Whether `budget` keeps everything a method could drop from a prompt of n tokens: the whole
-// prompt (SpecPC), or the KV of all n - 1 prefilled tokens (the rest). Then the request runs as
-// without the method, bit for bit.
+// prompt (SpecPC, keep-last), or the KV of all n - 1 prefilled tokens (the rest). Then the request
+// runs as without the method, bit for bit.
 bool BudgetKeepsAll(DraftMethod m, int budget, int n);
 
 struct DraftMethodParams {

@@ -201,7 +201,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   if (!m.has_value()) {
     return InvalidRequest(absl::StrCat("'tripod.method' must be one of \"speckv\", \"specpc\", "
                                        "\"draftmap\", \"snapkv\", \"pyramidkv\", "
-                                       "\"streamingllm\", \"none\", got \"",
+                                       "\"streamingllm\", \"keeplast\", \"none\", got \"",
                                        method, "\""),
                           "tripod.method");
   }

@@ -25,7 +25,7 @@
 //   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos
 //   tripod             {"pop": "off" | "on" | "" | ratio ("1/3", "0.25", or a number) in [0, 1),
 //                       "method": "" | "none" | "speckv" | "specpc" | "draftmap" | "snapkv" |
-//                                 "pyramidkv" | "streamingllm",
+//                                 "pyramidkv" | "streamingllm" | "keeplast",
 //                       "budget": tokens kept (a whole number >= 1) or a fraction of the prompt
 //                                 in (0, 1) (0.25 or "1/4"); required with a method, refused
 //                                 without one}

@@ -115,6 +115,8 @@ void Call::Begin() {
   if (!a.error.empty()) {
     MethodFallback(a.error);
   } else {
+    if (CompressesPrompt(method)) report.applied = true;
+    prompt_ = std::move(a.prompt);
     trimming_ = std::move(a.trimming);
     kv_entries_ = a.kv_entries;
   }

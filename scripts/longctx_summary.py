@@ -13,7 +13,7 @@ import collections
 import json
 import math
 
-METHODS = ["speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"]
+METHODS = ["speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm", "keeplast"]
 
 
 def wilson(p, k):

@@ -1,6 +1,6 @@
 """`tripod eval-longctx` on one short sample (the bounded version of the evaluation in
 docs/draft.md): one JSON line per method, budget and POP setting; the KV bytes of every trimming
-method fall to the budget (within 2%); SpecPC prefills the kept tokens only (its KV is theirs;
+method fall to the budget (within 2%); SpecPC and keep-last prefill the kept tokens only (its KV is theirs;
 times are measured in the evaluation, not asserted here); a budget of the whole
 prompt leaves every method's output exactly the full KV's; shards merge into the same summary.
 """
@@ -12,7 +12,8 @@ import tempfile
 
 import cluster as C
 
-METHODS = ["full", "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"]
+METHODS = ["full", "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm",
+           "keeplast"]
 
 
 def run(args):
@@ -32,8 +33,8 @@ def test_one_sample_through_every_method():
     # Merging the rows gives the summary back.
     merged = run([f"--merge={rows_path}"])
   assert merged == summary
-  # full once per POP setting; 6 methods x 2 budgets x 2 POP settings.
-  assert len(summary) == 2 + 6 * 2 * 2, [(s["method"], s["budget"], s["pop"]) for s in summary]
+  # full once per POP setting; 7 methods x 2 budgets x 2 POP settings.
+  assert len(summary) == 2 + 7 * 2 * 2, [(s["method"], s["budget"], s["pop"]) for s in summary]
   by = {(r["method"], r["budget"], r["pop"]): r for r in rows}
   for pop in (False, True):
     full = by[("full", 1.0, pop)]
@@ -42,13 +43,17 @@ def test_one_sample_through_every_method():
     for method in METHODS[1:]:
       r = by[(method, 0.25, pop)]
       assert r["budget_tokens"] == round(n / 4)
-      if method == "specpc":
+      if method in ("specpc", "keeplast"):
         # The kept prompt's KV: budget - 1 entries (its last token is decode's).
         want = full["kv_bytes"] * (r["budget_tokens"] - 1) / (n - 1)
       else:
         want = full["kv_bytes"] * r["budget_tokens"] / (n - 1)
       assert abs(r["kv_bytes"] - want) <= 0.02 * want, (method, r["kv_bytes"], want)
       assert 0.0 <= r["accuracy"] <= 1.0
+      if method == "keeplast":
+        # The prompt's end, prefilled as a prompt: its KV is that of a plain prefill of those
+        # tokens, so its bytes are exact.
+        assert r["kv_bytes"] == full["kv_bytes"] // (n - 1) * (r["budget_tokens"] - 1)
       # The whole prompt as the budget: the request runs as without the method.
       whole = by[(method, 1.0, pop)]
       assert whole["output"] == full["output"], method

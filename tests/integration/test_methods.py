@@ -6,7 +6,7 @@ tripod-prefill (POP 1/3, pruned) and tripod-decode processes on loopback, driven
     from a fraction, the KV entries sent and bytes saved, SpecPC's kept prompt);
   * the greedy text equals what the single-process tools give for the same importance map:
     `tripod draft` (the draft worker's map) then `tripod prefill --trim ... --generate` (trimming
-    methods) or the POP prefill of the kept tokens (SpecPC);
+    methods) or the POP prefill of the kept tokens (SpecPC, keep-last: the prompt's last tokens);
   * a budget that keeps everything leaves the output exactly as without a method, and skips the
     draft hop;
   * a draft worker that is missing or too slow falls back to no method, and the response says why;
@@ -110,6 +110,8 @@ def expected_ids(prompt, method):
     keep = cli_draft(prompt, budget=BUDGET)["keep"]
     assert len(keep) == BUDGET and keep[-1] == N - 1
     return C.in_process_pop_tokens([prompt[i] for i in keep], MAX_TOKENS, "1/3")
+  if method == "keeplast":
+    return C.in_process_pop_tokens(prompt[N - BUDGET:], MAX_TOKENS, "1/3")
   if method == "speckv":
     lookahead = cli_draft(prompt, lookahead=MAX_TOKENS)["lookahead"]
     return cli_trimmed(prompt, "speckv",
@@ -123,7 +125,7 @@ def expected_ids(prompt, method):
 
 
 @pytest.mark.parametrize("method", [
-    "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"])
+    "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm", "keeplast"])
 def test_each_method_serves_what_the_single_process_tools_give(cluster, client, prompt, method):
   text, tripod, usage = complete(client, prompt, method, FRACTION)
   m = tripod["method"]
@@ -135,7 +137,7 @@ def test_each_method_serves_what_the_single_process_tools_give(cluster, client, 
   assert tripod["route"] == "disaggregated"
   uses_draft = method in ("speckv", "specpc", "draftmap")
   assert (tripod["draft_s"] is not None) == uses_draft, tripod
-  if method == "specpc":
+  if method in ("specpc", "keeplast"):
     assert m["prompt_tokens"] == BUDGET and m["kv_entries"] is None
   else:
     assert m["prompt_tokens"] == N
@@ -154,7 +156,7 @@ def test_streaming_reports_the_method_on_the_last_chunk(cluster, client, prompt)
 
 
 @pytest.mark.parametrize("method", [
-    "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm"])
+    "speckv", "specpc", "draftmap", "snapkv", "pyramidkv", "streamingllm", "keeplast"])
 def test_a_budget_that_keeps_everything_changes_nothing(cluster, client, prompt, method):
   want, plain, _ = complete(client, prompt)
   assert plain["method"] is None

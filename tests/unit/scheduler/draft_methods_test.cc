@@ -14,9 +14,9 @@ std::vector<int32_t> Prompt(int n) {
 }
 
 TEST(DraftMethodsTest, NamesRoundTrip) {
-  for (DraftMethod m :
-       {DraftMethod::kNone, DraftMethod::kSpecKv, DraftMethod::kSpecPc, DraftMethod::kDraftMap,
-        DraftMethod::kSnapKv, DraftMethod::kStreamingLlm, DraftMethod::kPyramidKv}) {
+  for (DraftMethod m : {DraftMethod::kNone, DraftMethod::kSpecKv, DraftMethod::kSpecPc,
+                        DraftMethod::kDraftMap, DraftMethod::kSnapKv, DraftMethod::kStreamingLlm,
+                        DraftMethod::kPyramidKv, DraftMethod::kKeepLast}) {
     EXPECT_EQ(ParseDraftMethod(DraftMethodName(m)), m);
   }
   EXPECT_EQ(ParseDraftMethod(""), DraftMethod::kNone);
@@ -25,6 +25,9 @@ TEST(DraftMethodsTest, NamesRoundTrip) {
   EXPECT_TRUE(NeedsDraft(DraftMethod::kDraftMap));
   EXPECT_FALSE(NeedsDraft(DraftMethod::kSnapKv));
   EXPECT_FALSE(TrimsKv(DraftMethod::kSpecPc));
+  EXPECT_FALSE(TrimsKv(DraftMethod::kKeepLast));
+  EXPECT_FALSE(NeedsDraft(DraftMethod::kKeepLast));
+  EXPECT_TRUE(CompressesPrompt(DraftMethod::kKeepLast));
   EXPECT_TRUE(TrimsKv(DraftMethod::kStreamingLlm));
 }
 
@@ -36,6 +39,8 @@ TEST(DraftMethodsTest, BudgetsResolveAgainstThePrompt) {
   // SpecPC keeps prompt tokens (n), the KV methods KV entries (n - 1: the last is decode's).
   EXPECT_TRUE(BudgetKeepsAll(DraftMethod::kSpecPc, 100, 100));
   EXPECT_FALSE(BudgetKeepsAll(DraftMethod::kSpecPc, 99, 100));
+  EXPECT_TRUE(BudgetKeepsAll(DraftMethod::kKeepLast, 100, 100));
+  EXPECT_FALSE(BudgetKeepsAll(DraftMethod::kKeepLast, 99, 100));
   EXPECT_TRUE(BudgetKeepsAll(DraftMethod::kSpecKv, 99, 100));
   EXPECT_FALSE(BudgetKeepsAll(DraftMethod::kSnapKv, 98, 100));
 }
@@ -54,6 +59,15 @@ TEST(DraftMethodsTest, ScoreRequestsAskWhatEachMethodNeeds) {
   EXPECT_EQ(kv.budget(), 0);
   EXPECT_EQ(kv.lookahead(), 16);  // min(max_tokens, 64)
   EXPECT_EQ(ScoreRequestFor(DraftMethod::kSpecKv, 7, prompt, 100, 500, params).lookahead(), 64);
+}
+
+TEST(DraftMethodsTest, KeepLastKeepsThePromptsEndAsAPrompt) {
+  const DraftMethodParams params;
+  const AppliedMethod a = ApplyMethod(DraftMethod::kKeepLast, 3, Prompt(10), nullptr, params);
+  EXPECT_TRUE(a.error.empty()) << a.error;
+  EXPECT_EQ(a.prompt, (std::vector<int32_t>{107, 108, 109}));
+  EXPECT_EQ(a.trimming.method(), v1::TRIM_NONE);
+  EXPECT_EQ(a.kv_entries, 0);
 }
 
 TEST(DraftMethodsTest, SpecPcKeepsTheDraftsTokensInOrder) {
