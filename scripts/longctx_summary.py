@@ -6,6 +6,10 @@ share of the full-KV mean at each budget, SpecPC's prefill time against the full
 the KV bytes against the budget.
 
   scripts/longctx_summary.py ROWS.jsonl [ROWS2.jsonl ...] [--min_full 0.2]
+      [--override MORE.jsonl ...]
+
+--override takes a later run's rows for the methods it holds (its full rows only check that both
+runs' full KV agreed on the same samples): how a method's rows are redone without the rest.
 """
 
 import argparse
@@ -31,8 +35,20 @@ def main():
   ap.add_argument("--min_full", type=float, default=0.2,
                   help="tasks whose full-KV accuracy is below this (at a length) are left out of "
                   "the means: the model cannot do them")
+  ap.add_argument("--override", nargs="*", default=[],
+                  help="rows of a later run replacing the base rows of the methods they hold")
   args = ap.parse_args()
   rows = [json.loads(line) for path in args.rows for line in open(path) if line.strip()]
+  sample_key = lambda r: (r["task"], r["length"], r["sample"], r["pop"])
+  for path in args.override:
+    more = [json.loads(line) for line in open(path) if line.strip()]
+    methods = {r["method"] for r in more} - {"full"}
+    base_full = {sample_key(r): r["accuracy"] for r in rows if r["method"] == "full"}
+    same = [base_full.get(sample_key(r)) == r["accuracy"] for r in more if r["method"] == "full"]
+    print(f"{path}: {', '.join(sorted(methods))} from it; its full KV scored as the base run's "
+          f"on {sum(same)} of {len(same)} samples\n")
+    rows = [r for r in rows if r["method"] not in methods]
+    rows += [r for r in more if r["method"] in methods]
   acc = collections.defaultdict(list)
   prefill = collections.defaultdict(list)
   kv = collections.defaultdict(list)
@@ -85,6 +101,33 @@ def main():
           vals = [mean(acc[(t, length, m, b, pop)]) for t in kept if (t, length, m, b, pop) in acc]
           cells.append(f"{mean(vals) / full_mean:.2f}" if vals and full_mean > 0 else "")
       print(f"| {length} | {'on' if pop else 'off'} | {', '.join(kept)} | {full_mean:.2f} | " +
+            " | ".join(cells) + " |")
+
+  print(f"\n### Pooled over lengths per POP setting: every sample of the (task, length) pairs "
+        f"with full >= {args.min_full}; mean [95% interval] (share of the full KV's)\n")
+  print("| POP | budget | samples | full | " + " | ".join(METHODS) + " |")
+  print("|" + " --- |" * (4 + len(METHODS)))
+  for pop in pops:
+    pairs = [(t, length) for length in lengths for t in tasks
+             if acc.get((t, length, "full", 1.0, pop))
+             and mean(acc[(t, length, "full", 1.0, pop)]) >= args.min_full]
+    full = [x for t, length in pairs for x in acc[(t, length, "full", 1.0, pop)]]
+    if not full:
+      continue
+    f_mean = mean(full)
+    lo, hi = wilson(f_mean, len(full))
+    for i, b in enumerate(budgets):
+      cells = []
+      for m in METHODS:
+        v = [x for t, length in pairs for x in acc.get((t, length, m, b, pop), [])]
+        if v:
+          vlo, vhi = wilson(mean(v), len(v))
+          cells.append(f"{mean(v):.2f} [{vlo:.2f}, {vhi:.2f}] ({mean(v) / f_mean:.2f}x)")
+        else:
+          cells.append("")
+      first = i == 0
+      print(f"| {'on' if pop else 'off'} | {b:g} | {len(full) if first else ''} | " +
+            (f"{f_mean:.2f} [{lo:.2f}, {hi:.2f}]" if first else "") + " | " +
             " | ".join(cells) + " |")
 
   print("\n### SpecPC's prefill time and every method's KV bytes, against the full KV's\n")
