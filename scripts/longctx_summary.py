@@ -8,8 +8,9 @@ the KV bytes against the budget.
   scripts/longctx_summary.py ROWS.jsonl [ROWS2.jsonl ...] [--min_full 0.2]
       [--override MORE.jsonl ...]
 
---override takes a later run's rows for the methods it holds (its full rows only check that both
-runs' full KV agreed on the same samples): how a method's rows are redone without the rest.
+--override takes a later run's rows for the methods it holds, on the samples both runs hold (its
+full rows only check that both runs' full KV agreed): how a method's rows are redone without the
+rest.
 """
 
 import argparse
@@ -44,9 +45,11 @@ def main():
     more = [json.loads(line) for line in open(path) if line.strip()]
     methods = {r["method"] for r in more} - {"full"}
     base_full = {sample_key(r): r["accuracy"] for r in rows if r["method"] == "full"}
-    same = [base_full.get(sample_key(r)) == r["accuracy"] for r in more if r["method"] == "full"]
+    # Only the samples both runs hold: every column then averages the same samples.
+    more = [r for r in more if sample_key(r) in base_full]
+    same = [base_full[sample_key(r)] == r["accuracy"] for r in more if r["method"] == "full"]
     print(f"{path}: {', '.join(sorted(methods))} from it; its full KV scored as the base run's "
-          f"on {sum(same)} of {len(same)} samples\n")
+          f"on {sum(same)} of the {len(same)} samples both runs hold\n")
     rows = [r for r in rows if r["method"] not in methods]
     rows += [r for r in more if r["method"] in methods]
   acc = collections.defaultdict(list)
