@@ -106,6 +106,8 @@ def test_default_values_render_every_role():
         deps["demo-tripod-scheduler"])["args"]
   assert services["demo-tripod"]["spec"]["selector"]["app.kubernetes.io/component"] == "scheduler"
   assert "--pop_ratio=1/3" in container(deps["demo-tripod-prefill"])["args"]
+  draft_args = container(deps["demo-tripod-draft"])["args"]
+  assert "--draft_layers=8" in draft_args and "--lookahead_layers=all" in draft_args
   assert by_kind(docs, "PersistentVolumeClaim")["demo-tripod-model"]
   assert not by_kind(docs, "Secret") and not by_kind(docs, "HorizontalPodAutoscaler")
   assert not by_kind(docs, "Ingress") and not by_kind(docs, "ServiceMonitor")
