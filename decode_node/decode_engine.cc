@@ -35,7 +35,10 @@ const char* FinishReasonName(FinishReason r) {
 
 struct DecodeEngine::Sequence {
   Sequence(DecodeRequest r, const Tokenizer& tok, int32_t vocab)
-      : req(std::move(r)), sampler(req.sampling, vocab), decoder(tok), stop(req.stop) {}
+      : req(std::move(r)),
+        sampler(req.sampling, vocab),
+        decoder(tok, req.continuation),
+        stop(req.stop) {}
   SchedSeq sched;
   DecodeRequest req;
   Sampler sampler;
@@ -417,6 +420,7 @@ void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
     ev.finish = r.stopped ? FinishReason::kStop : FinishReason::kLength;
     return Finish(s, std::move(ev));
   }
+  ev.text_held = s.decoder.holding() || s.stop.holding();
   if (s.req.on_event) {
     ev.request_id = s.sched.id;
     s.req.on_event(ev);

@@ -66,6 +66,7 @@ void EventToWire(const TokenEvent& ev, v1::GenerateResponse* out) {
   }
   out->set_finish(FinishToWire(ev.finish));
   if (!ev.error.empty()) out->set_error(ev.error);
+  out->set_text_held(ev.text_held);
 }
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
@@ -333,6 +334,7 @@ grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
   r.max_tokens = req.max_tokens();
   r.stop.assign(req.stop().begin(), req.stop().end());
   r.ignore_eos = req.ignore_eos();
+  r.continuation = req.continuation();
   if (absl::Status v = engine_.Validate(r); !v.ok()) return reject(v);
 
   const uint64_t tid = req.transfer_id();

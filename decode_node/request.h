@@ -34,7 +34,8 @@ struct TokenEvent {
   float logprob = 0.0f;
   std::vector<TokenLogprob> top_logprobs;  // SamplingParams::top_logprobs entries
   FinishReason finish = FinishReason::kNone;
-  std::string error;  // kError only
+  std::string error;       // kError only
+  bool text_held = false;  // decoded text held back after this event (TokenEvent's text)
   // On the last event only:
   int cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
   double queue_seconds = -1;  // Submit -> the sequence first ran (-1: it never ran)
@@ -50,6 +51,9 @@ struct DecodeRequest {
   int max_tokens = 16;            // generated tokens at most (>= 1)
   std::vector<std::string> stop;  // stop strings, matched on the decoded text
   bool ignore_eos = false;        // keep going past end-of-generation tokens
+  // The prompt ends with this request's own earlier output (moved from a decode worker that
+  // died): the decoded text continues it (GenerateRequest.continuation).
+  bool continuation = false;
   // KV of prompt tokens 0..n-2 computed elsewhere (a prefill worker), maybe trimmed
   // (n_slots != n-1, per-head positions). The engine then runs only the last prompt token, at
   // position n-1, through the full model. Kept until the request ends: a preempted imported

@@ -21,6 +21,7 @@ class StopMatcher {
   // The text still held back (at the end of the stream, when no stop string matched).
   std::string Flush();
   bool stopped() const { return stopped_; }
+  bool holding() const { return !held_.empty(); }  // text held back, not yet released
 
  private:
   std::vector<std::string> stops_;  // non-empty strings only

@@ -69,6 +69,10 @@ struct DispatcherOptions {
   // A draft worker's Score; past it the request runs without its method.
   std::chrono::milliseconds draft_timeout{30000};
   DraftMethodParams methods;
+  // Times a request whose decode worker dies mid-stream moves to another (Dynamo's
+  // --migration-limit): the new worker prefills the prompt and the tokens already streamed and
+  // continues (greedy output continues exactly; sampling continues with the same parameters).
+  int migration_limit = 1;
   int retry_after_s = 1;  // the Retry-After of a 429
 };
 

@@ -74,6 +74,10 @@ ABSL_FLAG(
     "POP ratio for requests that name none (\"1/3\", \"0\"); empty: the prefill workers' own");
 ABSL_FLAG(std::string, api_key, "", "API key clients must send (Authorization: Bearer KEY)");
 ABSL_FLAG(std::string, api_key_file, "", "a file of API keys, one per line");
+ABSL_FLAG(int, migration_limit, 1,
+          "times a request streaming from a decode worker that dies moves to another one, which "
+          "continues it from the prompt and the tokens already streamed (0: the stream ends with "
+          "an error)");
 ABSL_FLAG(int, max_inflight, 256, "requests at the workers at once");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting beyond --max_inflight; past this: 429");
 ABSL_FLAG(int, direct_prefill_tokens, 32,
@@ -135,6 +139,9 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   }
   if (absl::GetFlag(FLAGS_draft_timeout_ms) <= 0) {
     return absl::InvalidArgumentError("--draft_timeout_ms must be > 0");
+  }
+  if (absl::GetFlag(FLAGS_migration_limit) < 0) {
+    return absl::InvalidArgumentError("--migration_limit must be >= 0");
   }
   if (absl::GetFlag(FLAGS_speckv_lookahead) < 0) {
     return absl::InvalidArgumentError("--speckv_lookahead must be >= 0");
@@ -202,6 +209,7 @@ int Run(const sigset_t& signals) {
   dopt.default_pop = absl::GetFlag(FLAGS_pop);
   dopt.draft_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_draft_timeout_ms));
   dopt.methods.speckv_lookahead = absl::GetFlag(FLAGS_speckv_lookahead);
+  dopt.migration_limit = absl::GetFlag(FLAGS_migration_limit);
   Dispatcher dispatcher(workers, &scheduler_metrics, dopt);
   scheduler_metrics.AddGauges(
       [&] { return dispatcher.running(); }, [&] { return dispatcher.waiting(); },

@@ -391,10 +391,14 @@ void Call::StartGenerate(uint64_t transfer_id, const std::string& route) {
   }
   v1::GenerateRequest& g = generate_request_;
   g.set_request_id(request_id_);
+  // After a migration the new worker continues from what was streamed: those tokens end its
+  // prompt, and count against max_tokens.
   g.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
+  g.mutable_prompt()->Add(generated_.begin(), generated_.end());
+  g.set_continuation(!generated_.empty());
   g.set_transfer_id(transfer_id);
   FillSampling(request_.sampling, g.mutable_sampling());
-  g.set_max_tokens(request_.max_tokens);
+  g.set_max_tokens(request_.max_tokens - static_cast<int>(generated_.size()));
   for (const std::string& s : request_.stop) g.add_stop(s);
   g.set_ignore_eos(request_.ignore_eos);
   grpc::ClientContext* context;
@@ -433,7 +437,9 @@ void Call::OnReadDone(bool ok) {
       }
       ++tokens_;
       last_token_ = now;
+      generated_.push_back(ev.token());
     }
+    text_held_ = ev.text_held();
     GeneratedToken t;
     t.id = ev.token();
     t.text = ev.text();
@@ -475,23 +481,61 @@ void Call::OnDone(const grpc::Status& status) {
       }
     }
   }
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE)
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
     decode_->MarkFailed(status.error_message());
+    if (Migrate(status)) return;
+  }
   ApiError e = WorkerError(absl::StrCat("decode worker ", decode_->address()), status);
   if (status.ok())
     e = ApiError{500, "the decode worker's stream ended without a finish", "server_error", "", ""};
   Finish("error", &e);
 }
 
+bool Call::Migrate(const grpc::Status& status) {
+  if (migrations_ >= dispatcher_->options().migration_limit) return false;
+  if (text_held_) {
+    spdlog::warn("scheduler: request {}: decode worker {} died holding text back; not moved",
+                 request_id_, decode_->address());
+    return false;
+  }
+  const int n = static_cast<int>(prompt_.size() + generated_.size());
+  if (request_.max_tokens - static_cast<int>(generated_.size()) < 1) return false;
+  std::shared_ptr<Worker> other =
+      PickDecode(dispatcher_->registry().Healthy(v1::ROLE_DECODE), n, request_id_, decode_.get());
+  if (other == nullptr) return false;
+  ++migrations_;
+  spdlog::warn(
+      "scheduler: request {}: decode worker {} died mid-stream ({}); moving it to {} "
+      "after {} tokens",
+      request_id_, decode_->address(), status.error_message(), other->address(), generated_.size());
+  if (SchedulerMetrics* m = dispatcher_->metrics()) m->Migrated();
+  decode_->AddInflight(-1);
+  other->AddInflight(1);
+  std::shared_ptr<Worker> old;
+  {
+    MutexLock l(&mu_);
+    phase_ = Phase::kReserving;  // a Cancel now only flags; StartGenerate sees the flag
+    old = std::exchange(decode_, std::move(other));
+  }
+  ReleaseLater(std::move(old));
+  carried_tokens_ = static_cast<int>(generated_.size());
+  // The new worker prefills everything itself: the method's report stands as it was.
+  trimming_.Clear();
+  StartGenerate(0, "migrated");
+  return true;
+}
+
 void Call::Cancel() {
   Phase phase;
   grpc::ClientContext* in_flight = nullptr;
+  std::shared_ptr<Worker> decode;  // the stream's worker (Migrate may replace decode_)
   {
     MutexLock l(&mu_);
     if (cancelled_ || finished_) return;
     cancelled_ = true;
     phase = phase_;
     if (phase != Phase::kQueued && !contexts_.empty()) in_flight = contexts_.back().get();
+    if (phase == Phase::kGenerating) decode = decode_;
   }
   if (in_flight != nullptr) in_flight->TryCancel();
   switch (phase) {
@@ -505,7 +549,7 @@ void Call::Cancel() {
     case Phase::kGenerating:
       // The decode worker also notices the cancelled call, within its poll interval; the
       // explicit Cancel reaches its engine before the next step.
-      SendDecodeCancel(0);
+      SendDecodeCancel(0, std::move(decode));
       break;
     default:
       break;
@@ -532,8 +576,10 @@ void Call::Finish(const std::string& finish, const ApiError* error) {
   if (!end.times.method.name.empty()) {
     end.times.method.prompt_tokens = static_cast<int>(prompt_.size());
   }
-  end.usage.completion_tokens = end_seen_ ? end_.usage().completion_tokens() : tokens_;
-  end.usage.cached_tokens = end_seen_ ? end_.usage().cached_tokens() : 0;
+  end.usage.completion_tokens =
+      end_seen_ ? carried_tokens_ + end_.usage().completion_tokens() : tokens_;
+  // After a migration the last worker's cache hits were on the prompt and earlier output.
+  end.usage.cached_tokens = end_seen_ && migrations_ == 0 ? end_.usage().cached_tokens() : 0;
   if (decode_ != nullptr) decode_->AddInflight(-1);
   if (SchedulerMetrics* m = dispatcher_->metrics()) {
     m->RequestEnded(client_gone ? "cancelled" : (error != nullptr ? "error" : finish), end.usage,
@@ -569,9 +615,10 @@ void ReleasePendingCancel(PendingCancel* p) {
 
 }  // namespace
 
-void Call::SendDecodeCancel(uint64_t transfer_id) {
-  if (decode_ == nullptr) return;
-  auto* p = new PendingCancel{decode_, NewClientContext(std::chrono::seconds(5))};
+void Call::SendDecodeCancel(uint64_t transfer_id, std::shared_ptr<Worker> worker) {
+  if (worker == nullptr) worker = decode_;
+  if (worker == nullptr) return;
+  auto* p = new PendingCancel{std::move(worker), NewClientContext(std::chrono::seconds(5))};
   // One or the other: a transfer's cancel must not end the Generate call that (after a failed
   // prefill) runs under the same request id.
   if (transfer_id != 0) {
@@ -580,8 +627,8 @@ void Call::SendDecodeCancel(uint64_t transfer_id) {
     p->request.set_request_id(request_id_);
   }
   p->sent.store(true, std::memory_order_release);
-  decode_->decode().async()->Cancel(p->context.get(), &p->request, &p->response,
-                                    [p](grpc::Status) { ReleasePendingCancel(p); });
+  p->worker->decode().async()->Cancel(p->context.get(), &p->request, &p->response,
+                                      [p](grpc::Status) { ReleasePendingCancel(p); });
 }
 
 void Call::SendPrefillCancel() {

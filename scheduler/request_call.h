@@ -7,7 +7,11 @@
 //                    -> Decode.Generate over the transferred KV
 // A failed prefill is retried once on another prefill worker, else (or after a second failure)
 // run on the decode worker itself: the reservation is cancelled, nothing is lost. A decode
-// failure ends the request with an error. A client that leaves cancels the request on every
+// worker that dies mid-stream (UNAVAILABLE) hands the request to another one, up to
+// --migration_limit times: it prefills the prompt and the tokens already streamed and continues
+// (route "migrated"), unless the dead worker held text back (a possible stop string's start, an
+// incomplete character), which would be lost. Any other decode failure ends the request with
+// an error. A client that leaves cancels the request on every
 // worker holding it (the Generate call is cancelled and Decode.Cancel sent, which the engine
 // sees before its next step; a running prefill gets Prefill.Cancel and its reservation is
 // cancelled). All calls are gRPC's callback API: no thread waits for a worker.
@@ -64,12 +68,15 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   // After a failed prefill: another prefill worker once, else the decode worker itself.
   void RetryPrefill(const std::string& why);
   void StartGenerate(uint64_t transfer_id, const std::string& route);
+  // After the Generate stream failed with `status` before its end: moves the request to another
+  // decode worker, if allowed and possible. True: a new stream is under way.
+  bool Migrate(const grpc::Status& status);
   // Ends the request once: the callback (unless the client left), metrics, the dispatcher.
   void Finish(const std::string& finish, const ApiError* error);
   bool cancelled() const;
   // Fire-and-forget cancels on the workers (bounded by a deadline): the transfer if given, else
-  // the request's Generate call.
-  void SendDecodeCancel(uint64_t transfer_id);
+  // the request's Generate call; on `worker` (default: decode_).
+  void SendDecodeCancel(uint64_t transfer_id, std::shared_ptr<Worker> worker = nullptr);
   void SendPrefillCancel();
 
   Dispatcher* const dispatcher_;
@@ -88,7 +95,8 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Call> hold_ ABSL_GUARDED_BY(mu_);  // alive until the Generate stream is done
 
-  // Touched by one step of the path at a time (each step starts the next).
+  // Touched by one step of the path at a time (each step starts the next); decode_ is also read
+  // by Cancel, under mu_, and so written under mu_ once a stream has started (Migrate).
   std::shared_ptr<Worker> decode_;
   std::shared_ptr<Worker> prefill_;
   std::shared_ptr<Worker> draft_;
@@ -114,6 +122,10 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   bool end_seen_ = false;
   v1::GenerateResponse end_;
   int tokens_ = 0;
+  std::vector<int32_t> generated_;  // every token streamed, over every decode worker
+  bool text_held_ = false;          // the last event's text_held
+  int migrations_ = 0;
+  int carried_tokens_ = 0;  // tokens streamed by decode workers before the current one
   absl::Time started_;
   absl::Time last_token_;
   StageTimes times_;

@@ -65,8 +65,11 @@ SchedulerMetrics::SchedulerMetrics(metrics::Registry& r)
                                           "Prompt tokens SpecPC dropped before prefill", kRole)),
       decode_reroutes_(r.AddCounter(
           "tripod:decode_reroutes_total",
-          "Requests moved to another decode worker after theirs failed its KV reservation",
-          kRole)) {
+          "Requests moved to another decode worker after theirs failed its KV reservation", kRole)),
+      migrations_(r.AddCounter("tripod:request_migrations_total",
+                               "Streams moved to another decode worker after theirs died, which "
+                               "continued them from the tokens already streamed",
+                               kRole)) {
   for (const char* f : {"stop", "length", "cancelled", "error"}) {
     r.AddCounter(kRequests, kRequestsHelp, With("finish_reason", f));
   }
@@ -110,6 +113,7 @@ void SchedulerMetrics::PrefillRetried(const std::string& to) {
 }
 
 void SchedulerMetrics::DecodeRerouted() { decode_reroutes_.Inc(); }
+void SchedulerMetrics::Migrated() { migrations_.Inc(); }
 
 void SchedulerMetrics::KvBytes(double bytes) { kv_bytes_.Inc(bytes); }
 

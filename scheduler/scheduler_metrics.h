@@ -29,6 +29,7 @@ class SchedulerMetrics {
   void Rejected(int http_status);
   void PrefillRetried(const std::string& why);  // to another prefill worker or local
   void DecodeRerouted();  // a decode worker failed its Reserve: another one took the request
+  void Migrated();        // a stream moved to another decode worker after its own died
   void KvBytes(double bytes);
 
   // Gauges read at scrape time.
@@ -53,6 +54,7 @@ class SchedulerMetrics {
   metrics::Counter& kv_bytes_saved_;
   metrics::Counter& prompt_tokens_dropped_;
   metrics::Counter& decode_reroutes_;
+  metrics::Counter& migrations_;
 };
 
 }  // namespace tripod::scheduler

@@ -126,9 +126,13 @@ class Tokenizer {
 // every Push and the Flush equals Decode of all the ids.
 class StreamingDecoder {
  public:
-  explicit StreamingDecoder(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
+  // continuation: the ids continue text already decoded elsewhere, so the first is not the
+  // text's start (no leading space stripped).
+  explicit StreamingDecoder(const Tokenizer& tokenizer, bool continuation = false)
+      : tokenizer_(&tokenizer), at_start_(!continuation) {}
   std::string Push(int32_t id);
   std::string Flush();
+  bool holding() const { return !pending_.empty(); }  // bytes held for an incomplete character
 
  private:
   const Tokenizer* tokenizer_;

@@ -378,3 +378,58 @@ def test_decode_worker_killed_mid_stream():
     _, metrics = s.http_get("/metrics")
     assert 'tripod:request_success_total{finish_reason="error",role="scheduler"} 1' in metrics, \
         metrics
+
+
+def stream_and_kill(client, args, workers, after):
+  """Streams a completion; after `after` chunks SIGKILLs whichever of `workers` is running it.
+  Returns (text, usage, tripod object, the killed worker)."""
+  stream = client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+  text, chunks, usage, tripod, victim = "", 0, None, None, None
+  for chunk in stream:
+    if chunk.choices:
+      text += chunk.choices[0].text
+      chunks += 1
+    if chunk.usage is not None:
+      usage = chunk.usage
+    if (chunk.model_extra or {}).get("tripod") is not None:
+      tripod = chunk.model_extra["tripod"]
+    if chunks == after and victim is None:
+      victim = next(w for w in workers if w.health().running > 0)
+      victim.kill()
+  return text, usage, tripod, victim
+
+
+def test_a_stream_moves_to_another_decode_worker_when_its_own_dies():
+  """Request migration (Dynamo's --migration-limit): the decode worker streaming an answer is
+  SIGKILLed; the scheduler moves the request to the other decode worker, which prefills the
+  prompt and the tokens already streamed and continues. Greedy on fp32 (batch-invariant) workers,
+  the client gets exactly the uninterrupted run's text, with every token counted, and the move
+  is counted; with --migration_limit 0 the same death ends the stream with an error."""
+  with Cluster() as c:
+    d1 = c.decode(name="decode-1", precision="fp32", kv_budget_mb=64, threads=1)
+    d2 = c.decode(name="decode-2", precision="fp32", kv_budget_mb=64, threads=1)
+    s = c.scheduler(decode=[d1, d2], direct_prefill_tokens=4096, name="migrating")
+    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    args = dict(model=MODEL_NAME, prompt=corpus_prompt(40, offset=11), max_tokens=96,
+                temperature=0, extra_body={"ignore_eos": True})
+    want = client.completions.create(**args).choices[0].text
+    text, usage, tripod, victim = stream_and_kill(client, args, [d1, d2], after=8)
+    assert victim is not None
+    assert text == want
+    assert usage.completion_tokens == 96 and usage.prompt_tokens > 30
+    assert tripod["route"] == "migrated", tripod
+    _, metrics = s.http_get("/metrics")
+    assert 'tripod:request_migrations_total{role="scheduler"} 1' in metrics
+    assert 'tripod:request_success_total{finish_reason="length",role="scheduler"} 2' in metrics
+    survivor = d2 if victim is d1 else d1
+    wait_until(lambda: all_blocks_free(survivor), 30, "the survivor's blocks free")
+
+    # Without migration the same death is an error event (the stream does not go on).
+    d3 = c.decode(name="decode-3", precision="fp32", kv_budget_mb=64, threads=1)
+    s0 = c.scheduler(decode=[survivor, d3], direct_prefill_tokens=4096, migration_limit=0,
+                     name="not_migrating")
+    client0 = openai.OpenAI(base_url=s0.url + "/v1", api_key="unused", max_retries=0,
+                            timeout=120)
+    with pytest.raises(openai.APIError) as err:
+      stream_and_kill(client0, args, [survivor, d3], after=8)
+    assert "decode worker" in str(err.value), err.value

@@ -390,6 +390,50 @@ TEST_F(DecodeEngineTest, FinishReasonsStopStringsAndLogprobs) {
   ExpectAllFree(*e);
 }
 
+TEST_F(DecodeEngineTest, AContinuationPicksUpWhereAnotherWorkerStopped) {
+  // What the scheduler does when a stream's decode worker dies (request migration): the prompt
+  // plus the tokens streamed so far, as a continuation, for the rest of max_tokens. Greedy in
+  // fp32 (batch-invariant: the prefill of those tokens gives the logits their decode steps gave)
+  // continues with exactly the uninterrupted run's tokens and text.
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> prompt = RandomPrompt(40, 21);
+  Stream whole;
+  ASSERT_TRUE(e->Submit(Greedy(prompt, 24, &whole)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  ASSERT_EQ(whole.tokens.size(), 24u);
+  // Moved after an event that held nothing back (the scheduler moves no other): here only an
+  // incomplete UTF-8 character can be held, these random ids' text has some.
+  int k = 9;
+  while (k < 20 && whole.events[k - 1].text_held) ++k;
+  ASSERT_LT(k, 20);
+  std::vector<int32_t> moved = prompt;
+  moved.insert(moved.end(), whole.tokens.begin(), whole.tokens.begin() + k);
+  std::string first_text;
+  for (int i = 0; i < k; ++i) first_text += whole.events[i].text;
+  Stream rest;
+  DecodeRequest r = Greedy(moved, 24 - k, &rest);
+  r.continuation = true;
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(rest.finish, FinishReason::kLength);
+  EXPECT_EQ(rest.tokens, std::vector<int32_t>(whole.tokens.begin() + k, whole.tokens.end()));
+  EXPECT_EQ(first_text + rest.text, whole.text);
+
+  // An event after which a possible stop string's start is held back says so.
+  Stream held;
+  r = Greedy(prompt, 24, &held);
+  const std::string stop = whole.text.substr(whole.text.size() / 2, 2) + "\x01";  // never matches
+  r.stop = {stop};
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(held.text, whole.text);
+  bool any_held = false;
+  for (const TokenEvent& ev : held.events) any_held = any_held || ev.text_held;
+  EXPECT_TRUE(any_held);
+  ExpectAllFree(*e);
+}
+
 // Clients on their own threads submit, cancel and read stats while the background loop runs
 // (what the TSan preset checks): the cancelled request ends cancelled, the others complete
 // with their alone tokens, and every block comes back.

@@ -18,7 +18,9 @@ TEST(StopMatcherTest, NoStopsPassesEverything) {
 
 TEST(StopMatcherTest, HoldsBackAPossibleStartAndStopsBeforeTheMatch) {
   StopMatcher m({"END"});
+  EXPECT_FALSE(m.holding());
   EXPECT_EQ(m.Push("abc E").text, "abc ");  // "E" may begin END
+  EXPECT_TRUE(m.holding());
   StopMatcher::Result r = m.Push("N");
   EXPECT_EQ(r.text, "");
   EXPECT_FALSE(r.stopped);

@@ -137,8 +137,10 @@ TEST_F(SmolLmTokenizerTest, StreamingHoldsBackSplitCharacters) {
   EXPECT_EQ(dec.Push(5248), "'m");
   EXPECT_EQ(dec.Push(1535), " here");
   EXPECT_EQ(dec.Push(15107), " ");  // the space goes out, the emoji's first bytes wait
+  EXPECT_TRUE(dec.holding());
   EXPECT_EQ(dec.Push(116), "");
   EXPECT_EQ(dec.Push(243), "🦙");
+  EXPECT_FALSE(dec.holding());
   EXPECT_EQ(dec.Flush(), "");
   // CJK split over byte tokens: "你好世界" = 18645 250 48392 138 7906 240 178 239 230.
   StreamingDecoder cjk(*tok_);
@@ -243,6 +245,10 @@ TEST(SentencePieceTest, MergesByScoreWithSpacePrefixAndByteFallback) {
   std::string streamed;
   for (int32_t id : t.Encode("hello \xC3\xA9")) streamed += dec.Push(id);
   EXPECT_EQ(streamed + dec.Flush(), "hello \xC3\xA9");
+  // A continuation (a stream moved from another decode worker) is not the text's start: its
+  // first token keeps its space.
+  StreamingDecoder cont(t, /*continuation=*/true);
+  EXPECT_EQ(cont.Push(Id(t, "\xE2\x96\x81hello")), " hello");
 }
 
 TEST(SentencePieceTest, LeftmostWinsOnEqualScores) {
