@@ -204,6 +204,7 @@ def campaign(n=1000, concurrency=8, output_tokens=16, pause_s=4.0, seed=1, log=p
     h2 = d2.health()
     c["injected"]["prefill-2"] = scrape(p2, ["tripod:kv_transfer_faults_injected"])
     sched_metrics = scrape(sched, ["tripod:prefill_retries_total", "tripod:decode_reroutes_total",
+                                   "tripod:request_migrations_total",
                                    "tripod:request_success_total"])
     alive = {name: w.proc.poll() is None for name, w in
              [("scheduler", sched), ("prefill-2", p2), ("decode-2", d2)]}
