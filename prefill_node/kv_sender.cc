@@ -100,6 +100,12 @@ void KvSender::Loop() {
 }
 
 absl::Status KvSender::StoppedStatus() const {
+  if (stalled_) {
+    return absl::UnavailableError(absl::StrCat(
+        "KV transfer ", transfer_id_, " to ", options_.peer, ": the decode worker took no KV for ",
+        options_.stall_timeout.count(), " ms with ", queued_bytes_ >> 10,
+        " KiB waiting (paused, or its network stalled)"));
+  }
   if (aborted_) {
     return absl::CancelledError(
         absl::StrCat("KV transfer ", transfer_id_, " to ", options_.peer, " aborted"));
@@ -115,11 +121,17 @@ absl::Status KvSender::Push(v1::KvChunk chunk) {
   const size_t size = QueuedBytes(chunk);
   std::unique_lock<std::mutex> lock(mu_);
   if (end_queued_) return absl::FailedPreconditionError("KvSender: Push after Finish");
-  // Backpressure: wait for room (one chunk always fits in an empty queue).
-  cv_.wait(lock, [&] {
+  // Backpressure: wait for room (one chunk always fits in an empty queue), for a while.
+  const bool room = cv_.wait_for(lock, options_.stall_timeout, [&] {
     return !StoppedStatus().ok() || queue_.empty() ||
            queued_bytes_ + size <= options_.max_queued_bytes;
   });
+  if (!room) {
+    stalled_ = true;
+    aborted_ = true;
+    ctx_->TryCancel();
+    cv_.notify_all();
+  }
   RETURN_IF_ERROR(StoppedStatus());
   chunk.set_transfer_id(transfer_id_);
   chunk.set_seq(next_seq_++);

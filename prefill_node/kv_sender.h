@@ -41,6 +41,10 @@ struct KvSenderOptions {
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   // How long Finish() waits for the acknowledgement once the end message is queued.
   std::chrono::milliseconds ack_timeout{30000};
+  // How long a Push waits for room in a full queue: a decode side that takes nothing for this
+  // long (paused, or its network stalled) fails the transfer (UNAVAILABLE) rather than holding
+  // the prefill engine, and every request behind this one, until it moves again.
+  std::chrono::milliseconds stall_timeout{10000};
   std::string peer;  // the decode address, for messages
   // Test-only: drops, corrupts or delays data chunks (transfer_faults.h); null: none.
   TransferFaultInjector* faults = nullptr;
@@ -108,8 +112,9 @@ class KvSender {
   uint32_t next_seq_ = 0;
   bool end_queued_ = false;
   bool aborted_ = false;
-  bool done_ = false;    // the call is over (Loop returned)
-  absl::Status status_;  // the call's, once done_
+  bool stalled_ = false;  // aborted because the queue stayed full for stall_timeout
+  bool done_ = false;     // the call is over (Loop returned)
+  absl::Status status_;   // the call's, once done_
   KvSenderStats stats_;
 
   std::thread thread_;

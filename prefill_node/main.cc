@@ -55,6 +55,10 @@ ABSL_FLAG(int, max_queue, 64, "requests waiting at most; more are refused (RESOU
 ABSL_FLAG(int, grace_ms, 10000, "on SIGTERM/SIGINT, how long requests in flight may finish");
 ABSL_FLAG(int, ack_timeout_ms, 30000,
           "how long a KV transfer waits for the decode side's acknowledgement of its end");
+ABSL_FLAG(int, send_stall_ms, 10000,
+          "a KV push that finds the send buffer full waits at most this long for the decode "
+          "worker to take some (a paused decode worker then fails its transfer, and the "
+          "scheduler moves the request, rather than holding this worker's engine)");
 ABSL_FLAG(int, send_buffer_mb, 64,
           "encoded KV waiting for the network per transfer, at most (the forward then waits)");
 ABSL_FLAG(std::string, inject_transfer_faults, "",
@@ -91,8 +95,10 @@ absl::Status Serve(const sigset_t& signals) {
   if (max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
   if (grace_ms < 0) return absl::InvalidArgumentError("--grace_ms must not be negative");
   if (threads < 0) return absl::InvalidArgumentError("--threads must not be negative");
-  if (absl::GetFlag(FLAGS_ack_timeout_ms) <= 0 || absl::GetFlag(FLAGS_send_buffer_mb) <= 0) {
-    return absl::InvalidArgumentError("--ack_timeout_ms and --send_buffer_mb must be positive");
+  if (absl::GetFlag(FLAGS_ack_timeout_ms) <= 0 || absl::GetFlag(FLAGS_send_buffer_mb) <= 0 ||
+      absl::GetFlag(FLAGS_send_stall_ms) <= 0) {
+    return absl::InvalidArgumentError(
+        "--ack_timeout_ms, --send_stall_ms and --send_buffer_mb must be positive");
   }
   const std::string listen = absl::GetFlag(FLAGS_listen);
   RETURN_IF_ERROR(ParseHostPort("listen", listen).status());  // gRPC takes the text itself
@@ -119,6 +125,7 @@ absl::Status Serve(const sigset_t& signals) {
   PrefillWorkerOptions wo;
   wo.max_queue = max_queue;
   wo.transfer.ack_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_ack_timeout_ms));
+  wo.transfer.stall_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_send_stall_ms));
   wo.transfer.max_queued_bytes = size_t{1} * absl::GetFlag(FLAGS_send_buffer_mb) << 20;
   if (faults.any()) {
     wo.transfer.faults = std::make_shared<TransferFaultInjector>(faults);

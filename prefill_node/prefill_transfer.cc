@@ -27,6 +27,7 @@ RunnerResult RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
   so.max_queued_bytes = options.max_queued_bytes;
   so.deadline = job.deadline;
   so.ack_timeout = options.ack_timeout;
+  so.stall_timeout = options.stall_timeout;
   so.peer = job.decode_address;
   so.faults = options.faults.get();
   // Shared with the finish below, which may outlive this call.

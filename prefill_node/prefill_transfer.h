@@ -16,9 +16,10 @@
 namespace tripod {
 
 struct TransferOptions {
-  size_t max_queued_bytes = size_t{64} << 20;     // encoded KV waiting for the network, at most
-  std::chrono::milliseconds ack_timeout{30000};   // end message -> acknowledgement, at most
-  std::shared_ptr<TransferFaultInjector> faults;  // test-only (transfer_faults.h); null: none
+  size_t max_queued_bytes = size_t{64} << 20;      // encoded KV waiting for the network, at most
+  std::chrono::milliseconds ack_timeout{30000};    // end message -> acknowledgement, at most
+  std::chrono::milliseconds stall_timeout{10000};  // a full send buffer waited on, at most
+  std::shared_ptr<TransferFaultInjector> faults;   // test-only (transfer_faults.h); null: none
 };
 
 // Runs `job` on `engine` (engine thread) and streams its KV to job.decode_address. Cancelling

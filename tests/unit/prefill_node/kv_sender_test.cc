@@ -189,6 +189,36 @@ TEST(KvSenderTest, StalledDecodeSideBlocksThePusherThenAbortWakesIt) {
   }
 }
 
+TEST(KvSenderTest, ADecodeSideThatTakesNothingFailsThePushAfterTheStallTimeout) {
+  // A paused decode worker: the queue fills and stays full; after stall_timeout the push fails
+  // UNAVAILABLE (the prefill worker reports it as the decode side's failure, and its engine goes
+  // on to the next job) rather than waiting for the decode worker to move again.
+  const int n_slots = KvChunkSlots(kLayout);
+  KvSnapshot src;
+  auto store = RandomStore(n_slots, &src);
+  FakeDecode decode(12, kLayout, n_slots);
+  FakeDecode::Behavior b;
+  b.hold = true;
+  decode.set_behavior(b);
+  KvSenderOptions o;
+  o.max_queued_bytes = size_t{2} << 20;
+  o.stall_timeout = std::chrono::milliseconds(300);
+  o.peer = "paused-decode";
+  KvSender sender(NewWorkerChannel(decode.address()), 12, o);
+  const absl::Time t0 = absl::Now();
+  const absl::Status s = sender.PushRange(*store, 0, {0, 30, 0, n_slots});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find("paused-decode: the decode worker took no KV for 300 ms"),
+            std::string::npos)
+      << s;
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(20));
+  EXPECT_LT(sender.stats().chunks, 30u);
+  EXPECT_EQ(sender.Finish().status().code(), absl::StatusCode::kUnavailable);
+  decode.Release();
+  ASSERT_TRUE(decode.WaitDone(absl::Seconds(30)));  // the call was cancelled: its handler ended
+  EXPECT_FALSE(decode.completed());
+}
+
 TEST(KvSenderTest, MissingAcknowledgementTimesOut) {
   FakeDecode decode(11, kLayout, 0);
   FakeDecode::Behavior b;
