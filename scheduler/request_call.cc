@@ -618,7 +618,7 @@ void ReleasePendingCancel(PendingCancel* p) {
 void Call::SendDecodeCancel(uint64_t transfer_id, std::shared_ptr<Worker> worker) {
   if (worker == nullptr) worker = decode_;
   if (worker == nullptr) return;
-  auto* p = new PendingCancel{std::move(worker), NewClientContext(std::chrono::seconds(5))};
+  auto* p = new PendingCancel{worker, NewClientContext(std::chrono::seconds(5))};
   // One or the other: a transfer's cancel must not end the Generate call that (after a failed
   // prefill) runs under the same request id.
   if (transfer_id != 0) {
@@ -626,17 +626,24 @@ void Call::SendDecodeCancel(uint64_t transfer_id, std::shared_ptr<Worker> worker
   } else {
     p->request.set_request_id(request_id_);
   }
+  // Nothing of *p is read once `sent` is published: the call's callback may free it as soon as
+  // the call is made.
+  grpc::ClientContext* context = p->context.get();
   p->sent.store(true, std::memory_order_release);
-  p->worker->decode().async()->Cancel(p->context.get(), &p->request, &p->response,
-                                      [p](grpc::Status) { ReleasePendingCancel(p); });
+  worker->decode().async()->Cancel(context, &p->request, &p->response,
+                                   [p](grpc::Status) { ReleasePendingCancel(p); });
+  // This may be the worker's last reference (Migrate replaced decode_): never dropped here, on
+  // what may be a gRPC callback thread.
+  ReleaseLater(std::move(worker));
 }
 
 void Call::SendPrefillCancel() {
   if (prefill_ == nullptr) return;
   auto* p = new PendingCancel{prefill_, NewClientContext(std::chrono::seconds(5))};
   p->request.set_request_id(request_id_);
+  grpc::ClientContext* context = p->context.get();  // read before `sent` is published
   p->sent.store(true, std::memory_order_release);
-  prefill_->prefill().async()->Cancel(p->context.get(), &p->request, &p->response,
+  prefill_->prefill().async()->Cancel(context, &p->request, &p->response,
                                       [p](grpc::Status) { ReleasePendingCancel(p); });
 }
 
