@@ -139,6 +139,13 @@ TEST(KvSenderTest, DecodeRefusalComesBackAsItWasSent) {
   EXPECT_EQ(ack.status().message(), "transfer 9: the lease expired");
 }
 
+// The decode side reads nothing until Release(): a paused or stalled decode worker.
+void Hold(FakeDecode& decode) {
+  FakeDecode::Behavior b;
+  b.hold = true;
+  decode.set_behavior(b);
+}
+
 TEST(KvSenderTest, StalledDecodeSideBlocksThePusherThenAbortWakesIt) {
   const int n_slots = KvChunkSlots(kLayout);  // one ~1 MiB chunk per layer: 30 MiB in all
   KvSnapshot src;
@@ -146,9 +153,7 @@ TEST(KvSenderTest, StalledDecodeSideBlocksThePusherThenAbortWakesIt) {
   for (bool abort : {false, true}) {
     SCOPED_TRACE(abort ? "abort" : "release");
     FakeDecode decode(10, kLayout, n_slots);
-    FakeDecode::Behavior b;
-    b.hold = true;
-    decode.set_behavior(b);
+    Hold(decode);
     KvSenderOptions o;
     o.max_queued_bytes = size_t{2} << 20;
     KvSender sender(NewWorkerChannel(decode.address()), 10, o);
@@ -197,9 +202,7 @@ TEST(KvSenderTest, ADecodeSideThatTakesNothingFailsThePushAfterTheStallTimeout) 
   KvSnapshot src;
   auto store = RandomStore(n_slots, &src);
   FakeDecode decode(12, kLayout, n_slots);
-  FakeDecode::Behavior b;
-  b.hold = true;
-  decode.set_behavior(b);
+  Hold(decode);
   KvSenderOptions o;
   o.max_queued_bytes = size_t{2} << 20;
   o.stall_timeout = std::chrono::milliseconds(300);
