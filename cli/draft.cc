@@ -23,6 +23,7 @@
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, ids);
 ABSL_DECLARE_FLAG(int, chunk);
@@ -51,6 +52,7 @@ absl::Status DraftMain() {
   ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
   o.target_model_path = absl::GetFlag(FLAGS_draft_target);
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.backend = absl::GetFlag(FLAGS_backend);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);
 
   DraftRequest r;

@@ -29,6 +29,7 @@
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(uint64_t, seed);
 ABSL_DECLARE_FLAG(std::string, corpus);
@@ -207,6 +208,7 @@ absl::Status EvalLongCtxMain() {
   LongCtxOptions o;
   o.model_path = absl::GetFlag(FLAGS_model);
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);
   o.pop_ratio = absl::GetFlag(FLAGS_pop);
   o.trim_pool = absl::GetFlag(FLAGS_trim_pool);

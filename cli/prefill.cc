@@ -29,6 +29,7 @@
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, prompt);
 ABSL_DECLARE_FLAG(std::string, ids);
 ABSL_DECLARE_FLAG(int, chunk);
@@ -62,6 +63,7 @@ absl::StatusOr<std::vector<int32_t>> GenerateFrom(const PrefillOptions& o,
   DecodeEngineOptions d;
   d.model_path = o.model_path;
   d.precision = o.precision;
+  d.backend = o.backend;
   ASSIGN_OR_RETURN(std::unique_ptr<DecodeEngine> engine, DecodeEngine::Create(d));
   absl::StatusOr<std::vector<int32_t>> ids = GreedyFromKv(*engine, prompt, kv, max_tokens);
   if (!ids.ok()) {
@@ -78,6 +80,7 @@ absl::Status PrefillMain() {
   o.model_path = absl::GetFlag(FLAGS_model);
   if (o.model_path.empty()) o.model_path = BundledModelPath();
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);
   o.stack_kv = absl::GetFlag(FLAGS_pop_stack_kv);
   ASSIGN_OR_RETURN(o.pop,

@@ -50,6 +50,7 @@
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(int, threads);
 ABSL_DECLARE_FLAG(std::string, precision);
+ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 
 ABSL_DECLARE_FLAG(int, draft_layers);              // cli/draft.cc
@@ -574,7 +575,8 @@ absl::Status ServeMain() {
   }
   Supervisor sup(tmpl, ChildEnvironment(), static_cast<size_t>(n_prefill + n_decode + n_draft + 1));
   const std::vector<std::string> common = {"--model=" + model, absl::StrCat("--threads=", threads),
-                                           "--precision=" + absl::GetFlag(FLAGS_precision)};
+                                           "--precision=" + absl::GetFlag(FLAGS_precision),
+                                           "--backend=" + absl::GetFlag(FLAGS_backend)};
   // Each child's TLS flags (the worker checks the files itself and says what is wrong).
   const std::string tls_dir = absl::GetFlag(FLAGS_tls_dir);
   auto tls = [&tls_dir](Child& c, const char* role) {

@@ -47,8 +47,10 @@ ABSL_FLAG(uint64_t, seed, 0, "random seed");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(bool, stats, false, "print prefill and decode tokens/s to stderr");
 ABSL_FLAG(std::string, backend, "cpu",
-          "cpu | cuda (generate, logits: bf16 weights and GEMMs on the GPU, f16 KV; --precision "
-          "is the CPU's)");
+          "cpu | cuda | cpu-guarded-kv (generate, logits, prefill, draft, eval-longctx, and every "
+          "worker of serve: cuda puts bf16 weights and GEMMs and f16 KV on the GPU, --precision "
+          "is the CPU's; cpu-guarded-kv is the CPU with its KV out of the host code's reach, as a "
+          "GPU's, to test those paths without one)");
 ABSL_FLAG(std::string, precision, "auto",
           "fp32 (exact path) | bf16 | int16 | int8 (reduced precision) | auto (bf16 GEMMs if the "
           "CPU has them, int16 GEMVs for 1-3 rows)");

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
-#include "common/compute/profiling_backend.h"
+#include "common/compute/make_backend.h"
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
 #include "common/kv/kv_dtype.h"
@@ -70,7 +70,8 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
       options.batch_invariant < 0 ? options.precision == "fp32" : options.batch_invariant != 0;
   // Batch-invariant Linear never takes the GEMM path: no fp32 copy of the weights to prepack.
   if (cpu.batch_invariant) cpu.prepack_at_load = false;
-  e->backend_ = MaybeProfile(MakeCpuBackend(cpu));
+  ASSIGN_OR_RETURN(MadeBackend made, MakeBackend(options.backend, cpu));
+  e->backend_ = std::move(made.backend);
   const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_));
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(*e->model_->gguf));
@@ -82,7 +83,9 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
   kv.layout.n_layers = c.n_layers;
   kv.layout.n_kv_heads = c.n_kv_heads;
   kv.layout.head_dim = c.head_dim;
-  ASSIGN_OR_RETURN(kv.layout.dtype, ParseKvDtype(options.kv_cache_dtype, cpu.kv));
+  ASSIGN_OR_RETURN(kv.layout.dtype, ParseKvDtype(options.kv_cache_dtype, made.default_kv));
+  RETURN_IF_ERROR(e->backend_->Supports(c, kv.layout.dtype));
+  kv.device = e->backend_->DeviceKvMemory();
   kv.block_tokens = options.block_tokens;
   kv.budget_bytes = options.kv_budget_bytes;
   kv.watermark = options.watermark;

@@ -1,4 +1,5 @@
-// DecodeEngine: the decode worker's engine. One model on a CPU backend, a paged KV cache, and
+// DecodeEngine: the decode worker's engine. One model on a backend (the CPU's, or a GPU's with the
+// paged KV in device memory), a paged KV cache, and
 // continuous batching (batch_scheduler.h): every Step() is ONE forward over all running
 // sequences (decode tokens and prompt chunks mixed), then one sampled token per sequence that
 // reached its last token, streamed through the request's callback. Submit and Cancel are
@@ -43,9 +44,13 @@ namespace tripod {
 struct DecodeEngineOptions {
   std::string model_path;          // empty: BundledModelPath()
   std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision)
-  // KV element type: auto (the precision's: f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0.
+  // cpu | cuda | cpu-guarded-kv (MakeBackend). On the GPU the blocks live in device memory;
+  // transfers, snapshots and prefix-cache copies reach them through the cache's copies.
+  std::string backend = "cpu";
+  // KV element type: auto (the backend's: for the CPU the precision's, f32 for fp32, else f16;
+  // f16 on the GPU) | f32 | f16 | bf16 | q8_0.
   std::string kv_cache_dtype = "auto";
-  // Batch-invariant kernels (exact tokens under batching); -1: on for "fp32" only.
+  // Batch-invariant kernels (exact tokens under batching; the CPU's); -1: on for "fp32" only.
   int batch_invariant = -1;
   size_t kv_budget_bytes = size_t{512} << 20;
   int block_tokens = 16;
@@ -139,6 +144,7 @@ class DecodeEngine {
   const LoadedModel& model() const { return *model_; }
   const Tokenizer& tokenizer() const { return *tokenizer_; }
   const ForwardPlan& plan() const { return plan_; }
+  std::string backend_name() const { return backend_->name(); }
   // The cache, for inspection between steps (engine thread only).
   const PagedKvCache& cache() const { return *cache_; }
   // KV held by running sequences: blocks they reference and slots they fill (engine thread).

@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, port_file, "",
           "once both ports listen, write {\"grpc_port\":N,\"http_port\":M} here (atomically)");
 ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled model)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu | cuda (bf16 weights, the paged KV in device memory, f16 by default) | "
+          "cpu-guarded-kv (tests: the CPU with its KV out of the host code's reach, as a GPU's)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "KV element type: auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(int64_t, kv_budget_mb, 512, "KV cache memory in MiB");
 ABSL_FLAG(int, block_tokens, 16, "token slots per KV block");
@@ -103,6 +106,7 @@ int Run(const sigset_t& signals) {
   eo.model_path = absl::GetFlag(FLAGS_model);
   if (eo.model_path.empty()) eo.model_path = BundledModelPath();
   eo.precision = absl::GetFlag(FLAGS_precision);
+  eo.backend = absl::GetFlag(FLAGS_backend);
   eo.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   eo.kv_budget_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_budget_mb)) << 20;
   eo.block_tokens = absl::GetFlag(FLAGS_block_tokens);
@@ -170,10 +174,11 @@ int Run(const sigset_t& signals) {
   }
   const DecodeEngineStats st0 = engine->stats();
   spdlog::info(
-      "tripod-decode: gRPC on port {}, HTTP on port {}; model {} ({}), precision {}, {} KV "
+      "tripod-decode: gRPC on port {}, HTTP on port {}; model {} ({}), {}, precision {}, {} KV "
       "blocks of {} tokens, lease {} ms",
-      grpc_port, http_port, identity->file_name, engine->plan().DebugString(), eo.precision,
-      st0.total_blocks, eo.block_tokens, absl::GetFlag(FLAGS_lease_ms));
+      grpc_port, http_port, identity->file_name, engine->plan().DebugString(),
+      engine->backend_name(), eo.precision, st0.total_blocks, eo.block_tokens,
+      absl::GetFlag(FLAGS_lease_ms));
 
   // Once a second: after a spell of work, an idle worker gives freed heap back to the kernel.
   IdleMemoryRelease release;

@@ -48,7 +48,9 @@ ABSL_FLAG(std::string, lookahead_layers, "all",
           "the importance map still comes from the first --draft_layers");
 ABSL_FLAG(std::string, target_model, "",
           "the target model, whose vocabulary a separate draft must share (checked at start)");
-ABSL_FLAG(std::string, backend, "cpu", "cpu | cuda (the draft on the GPU: bf16 weights, f16 KV)");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu | cuda (the draft on the GPU: bf16 weights, f16 KV) | cpu-guarded-kv (tests: the "
+          "CPU with its KV out of the host code's reach, as a GPU's)");
 ABSL_FLAG(std::string, precision, "auto", "the CPU's: fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
 ABSL_FLAG(int, chunk, 512, "prompt tokens per forward pass");

@@ -50,6 +50,7 @@ absl::StatusOr<std::unique_ptr<LongCtxEvaluator>> LongCtxEvaluator::Create(
   PrefillOptions p;
   p.model_path = path;
   p.precision = options.precision;
+  p.backend = options.backend;
   p.chunk = options.chunk;
   ASSIGN_OR_RETURN(p.pop, ParsePopConfig("0", ""));  // full weights: the full plan and POP's
   ASSIGN_OR_RETURN(e->prefill_, PrefillEngine::Create(p));
@@ -61,12 +62,14 @@ absl::StatusOr<std::unique_ptr<LongCtxEvaluator>> LongCtxEvaluator::Create(
   d.self_draft_layers = options.draft_layers;
   d.lookahead_layers = options.lookahead_layers;
   d.precision = options.precision;
+  d.backend = options.backend;
   d.prefill_chunk = options.chunk;
   ASSIGN_OR_RETURN(e->draft_, DraftEngine::Create(d));
 
   DecodeEngineOptions o;
   o.model_path = path;
   o.precision = options.precision;
+  o.backend = options.backend;
   ASSIGN_OR_RETURN(e->decode_, DecodeEngine::Create(o));
   return e;
 }

@@ -23,6 +23,7 @@ namespace tripod {
 struct LongCtxOptions {
   std::string model_path;  // empty: the bundled model
   std::string precision = "auto";
+  std::string backend = "cpu";        // every engine's (MakeBackend)
   int draft_layers = 8;               // the self-draft's depth (as tripod-draft's default)
   int lookahead_layers = kAllLayers;  // its depth for SpecKV's lookahead (as tripod-draft's)
   int chunk = 512;                    // prefill chunk

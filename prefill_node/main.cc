@@ -45,6 +45,9 @@ ABSL_FLAG(std::string, port_file, "",
           "write {\"grpc_port\":N,\"http_port\":M} here (atomically) once both listen");
 ABSL_FLAG(std::string, model, "", "GGUF model file (default: the bundled model)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu | cuda (bf16 weights, f16 KV on the GPU) | cpu-guarded-kv (tests: the CPU with "
+          "its KV out of the host code's reach, as a GPU's)");
 ABSL_FLAG(std::string, pop_ratio, "0",
           "POP pruning ratio of the plan loaded, e.g. 1/3 (0: full weights, any request's plan)");
 ABSL_FLAG(std::string, pop_layers, "",
@@ -73,6 +76,7 @@ absl::StatusOr<PrefillOptions> EngineOptions() {
   o.model_path = absl::GetFlag(FLAGS_model);
   if (o.model_path.empty()) o.model_path = BundledModelPath();
   o.precision = absl::GetFlag(FLAGS_precision);
+  o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);
   if (o.chunk <= 0) return absl::InvalidArgumentError("--chunk must be positive");
   std::string ratio = absl::GetFlag(FLAGS_pop_ratio);

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/make_backend.h"
 #include "common/compute/session.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/kv/pyramid_budgets.h"
@@ -47,9 +48,9 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
   }
   std::unique_ptr<PrefillEngine> e(new PrefillEngine());
   e->options_ = options;
-  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
-  e->kv_dtype_ = cpu.kv;
-  e->backend_ = MakeCpuBackend(cpu);
+  ASSIGN_OR_RETURN(MadeBackend made, MakeBackend(options.backend, options.precision));
+  e->kv_dtype_ = made.default_kv;
+  e->backend_ = std::move(made.backend);
   const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
   // The layer count decides the skipped set, and the skipped set decides what to load: read the
   // config first (a mapping and a header parse, no weights).
@@ -60,6 +61,7 @@ absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
   WeightSelection selection = PrefillSelection(config.n_layers, e->skipped_);
   selection.stack_kv_only = options.stack_kv;
   selection.kv_only_queries = options.score_queries;
+  RETURN_IF_ERROR(e->backend_->Supports(config, e->kv_dtype_));
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_, selection));
   e->plan_ = ForwardPlan::PopPrefill(config.n_layers, e->skipped_);
   e->ws_ = std::make_unique<ForwardWorkspace>(*e->backend_);
@@ -109,8 +111,9 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& pro
   const int n = static_cast<int>(prompt.size());
   const int m = n - 1;  // tokens prefilled here; the last one is the decode side's
   KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv_dtype_};
-  ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
-                   ContiguousKvCache::Create(layout, 1, std::max(m, 1)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ContiguousKvCache> cache,
+      ContiguousKvCache::Create(layout, 1, std::max(m, 1), backend_->DeviceKvMemory()));
   PrefillResult r;
   r.prefilled_tokens = m;
   r.plan_key = plan.KvKey();
@@ -132,6 +135,8 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& pro
         }
         if (!run.sink) return absl::OkStatus();
         const auto s0 = Clock::now();
+        // The sink copies K/V out through the store, unordered with the backend's queued ops.
+        if (cache->memory() != nullptr) backend_->Synchronize();
         absl::Status s = run.sink(*cache, 0, KvRange{layer_begin, layer_end, begin, begin + len});
         r.sink_s += Seconds(s0, Clock::now());
         return s;
@@ -143,6 +148,7 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& pro
   const auto t1 = Clock::now();
   r.forward_s = Seconds(t0, t1);
   if (run.sink) return r;
+  backend_->Synchronize();
   ASSIGN_OR_RETURN(r.kv, ExportSnapshot(*cache, 0, m));
   r.kv.token_ids.assign(prompt.begin(), prompt.begin() + m);
   r.kv.plan_key = r.plan_key;
@@ -233,7 +239,7 @@ absl::StatusOr<PrefillEngine::Scored> PrefillEngine::RunScored(
   tail.insert(tail.end(), lookahead.begin(), lookahead.end());
   KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv_dtype_};
   ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
-                   ContiguousKvCache::Create(layout, 1, total));
+                   ContiguousKvCache::Create(layout, 1, total, backend_->DeviceKvMemory()));
   Scored out;
   PrefillResult& r = out.full;
   r.prefilled_tokens = m;
@@ -262,6 +268,7 @@ absl::StatusOr<PrefillEngine::Scored> PrefillEngine::RunScored(
   ++r.chunks;
   const auto t1 = Clock::now();
   r.forward_s = Seconds(t0, t1);
+  backend_->Synchronize();
   ASSIGN_OR_RETURN(r.kv, ExportSnapshot(*cache, 0, m));
   r.kv.plan_key = r.plan_key;
   r.export_s = Seconds(t1, Clock::now());

@@ -36,6 +36,9 @@ namespace tripod {
 struct PrefillOptions {
   std::string model_path;          // empty: BundledModelPath()
   std::string precision = "auto";  // fp32 | bf16 | int8 | int16 | auto (CpuOptionsForPrecision)
+  // cpu | cuda | cpu-guarded-kv (MakeBackend). On the GPU the KV is made in device memory and
+  // leaves through the store's copies (a snapshot, or the sink's chunks).
+  std::string backend = "cpu";
   PopConfig pop;
   int chunk = 1024;      // prompt tokens per forward, so that long prompts fit
   bool stack_kv = true;  // the skipped layers' K/V as one GEMM (false: one per layer)

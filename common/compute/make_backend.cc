@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/cuda/cuda_backend.h"
+#include "common/compute/guarded_kv_backend.h"
 #include "common/compute/profiling_backend.h"
 #include "common/util/status_macros.h"
 
@@ -12,6 +13,10 @@ namespace tripod {
 
 absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const std::string& precision) {
   ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(precision));
+  return MakeBackend(name, cpu);
+}
+
+absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const CpuBackendOptions& cpu) {
   MadeBackend m;
   if (name == "cuda") {
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend());
@@ -20,8 +25,12 @@ absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const std::stri
   } else if (name == "cpu") {
     m.backend = MaybeProfile(MakeCpuBackend(cpu));
     m.default_kv = cpu.kv;
+  } else if (name == "cpu-guarded-kv") {
+    m.backend = MaybeProfile(MakeGuardedKvBackend(MakeCpuBackend(cpu)));
+    m.default_kv = cpu.kv;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown backend '", name, "' (cpu | cuda)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown backend '", name, "' (", kBackendNames, ")"));
   }
   return m;
 }

@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(
       return absl::ResourceExhaustedError(
           absl::StrCat("KV cache of ", total, " bytes does not fit in device memory"));
     }
-    c->device_free_ = device->free;
+    c->device_ = device;
   } else {
     ASSIGN_OR_RETURN(c->storage_, HugePageBuffer::Allocate(total));  // zeroed
   }
@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<ContiguousKvCache>> ContiguousKvCache::Create(
 }
 
 ContiguousKvCache::~ContiguousKvCache() {
-  if (device_storage_ != nullptr) device_free_(device_storage_);
+  if (device_storage_ != nullptr) device_->free(device_storage_);
 }
 
 KvLayerRef ContiguousKvCache::Layer(int32_t kv_seq, int layer) {

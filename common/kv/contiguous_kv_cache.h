@@ -29,6 +29,7 @@ class ContiguousKvCache final : public KvStore {
   ~ContiguousKvCache() override;
   KvLayout layout() const override { return layout_; }
   KvLayerRef Layer(int32_t kv_seq, int layer) override;
+  const KvMemory* memory() const override { return device_ ? &*device_ : nullptr; }
   int capacity_tokens() const { return capacity_; }
   size_t bytes() const { return bytes_; }
 
@@ -43,7 +44,7 @@ class ContiguousKvCache final : public KvStore {
   size_t bytes_ = 0;
   HugePageBuffer storage_;             // [seq][layer][K|V][block], on huge pages
   uint8_t* device_storage_ = nullptr;  // the same in device memory (then storage_ is empty)
-  std::function<void(uint8_t*)> device_free_;
+  std::optional<KvMemory> device_;
   std::vector<int32_t> block_ids_;  // 0, 1, ..., n_blocks_ - 1
 };
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/kv/kv_dtype.h"
+#include "common/kv/kv_staging.h"
 #include "common/model/quant_types.h"
 
 namespace tripod {
@@ -99,10 +100,12 @@ absl::StatusOr<KvSnapshot> ExportSnapshot(KvStore& store, int32_t kv_seq, int n_
                                                 ref.n_blocks * ref.block_tokens,
                                                 " slots, asked for ", n_slots));
     }
+    const StagedKvLayer staged(ref, store.memory(), 0, n_slots, StagedKvLayer::Use::kRead);
+    const KvLayerRef& in = staged.ref();
     for (int h = 0; h < l.n_kv_heads; ++h) {
       for (int j = 0; j < n_slots; ++j) {
-        ref.ReadK(j, h, l.head_dim, s.k.data() + s.offset(layer, h, j));
-        std::memcpy(s.v.data() + s.offset(layer, h, j), ref.v_at(j, h, l.head_dim), s.row_bytes());
+        in.ReadK(j, h, l.head_dim, s.k.data() + s.offset(layer, h, j));
+        std::memcpy(s.v.data() + s.offset(layer, h, j), in.v_at(j, h, l.head_dim), s.row_bytes());
       }
     }
   }
@@ -124,15 +127,19 @@ absl::Status WriteSnapshot(const KvSnapshot& s, KvStore& store, int32_t kv_seq) 
       return absl::OutOfRangeError("KV import: the sequence has no room for the snapshot");
     }
     std::vector<uint8_t> row(KvRowBytes(dst.dtype, dst.head_dim));
+    StagedKvLayer staged(ref, store.memory(), s.first_slot(layer), s.n_slots,
+                         StagedKvLayer::Use::kWrite);
+    const KvLayerRef& out = staged.ref();
     for (int h = 0; h < src.n_kv_heads; ++h) {
       for (int j = s.first_slot(layer); j < s.n_slots; ++j) {
         ConvertKvRow(s.k.data() + s.offset(layer, h, j), src.dtype, row.data(), dst.dtype,
                      dst.head_dim);
-        ref.WriteK(j, h, dst.head_dim, row.data());
-        ConvertKvRow(s.v.data() + s.offset(layer, h, j), src.dtype, ref.v_at(j, h, dst.head_dim),
+        out.WriteK(j, h, dst.head_dim, row.data());
+        ConvertKvRow(s.v.data() + s.offset(layer, h, j), src.dtype, out.v_at(j, h, dst.head_dim),
                      dst.dtype, dst.head_dim);
       }
     }
+    staged.Commit();
   }
   return absl::OkStatus();
 }

@@ -47,6 +47,16 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
   c->array_bytes_ = c->block_bytes_ * num_blocks;
   c->bytes_ = c->array_bytes_ * 2 * l.n_layers;
   c->watermark_blocks_ = static_cast<int>(o.watermark * num_blocks);
+  if (o.device) {
+    c->device_storage_ = o.device->alloc(c->bytes_);
+    if (c->device_storage_ == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("paged KV cache: ", c->bytes_, " bytes of KV do not fit in device memory"));
+    }
+    c->device_ = o.device;
+    c->base_ = c->device_storage_;
+    return c;
+  }
   // On huge pages (see huge_pages.h); zero pages until written, and a slot is written before
   // any query may read it.
   absl::StatusOr<HugePageBuffer> mem = HugePageBuffer::Allocate(c->bytes_);
@@ -55,7 +65,12 @@ absl::StatusOr<std::unique_ptr<PagedKvCache>> PagedKvCache::Create(const PagedKv
                                                      " bytes: ", mem.status().message()));
   }
   c->storage_ = std::move(mem).value();
+  c->base_ = c->storage_.data();
   return c;
+}
+
+PagedKvCache::~PagedKvCache() {
+  if (device_storage_ != nullptr) device_->free(device_storage_);
 }
 
 size_t PagedKvCache::kv_bytes_per_token() const {
@@ -82,7 +97,7 @@ KvLayerRef PagedKvCache::Layer(int32_t seq, int layer) {
   KvLayerRef r;
   const Seq* s = Find(seq);
   if (s == nullptr || layer < 0 || layer >= layout_.n_layers) return r;
-  uint8_t* base = storage_.data() + size_t{2} * layer * array_bytes_;
+  uint8_t* base = base_ + size_t{2} * layer * array_bytes_;
   r.k_base = base;
   r.v_base = base + array_bytes_;
   r.block_ids = s->blocks.data();
@@ -140,10 +155,15 @@ int PagedKvCache::AttachCachedPrefix(int32_t seq, std::span<const int32_t> token
         const int32_t copy = AllocateBlock();
         if (copy >= 0) {
           for (int layer = 0; layer < layout_.n_layers; ++layer) {
-            uint8_t* base = storage_.data() + size_t{2} * layer * array_bytes_;
+            uint8_t* base = base_ + size_t{2} * layer * array_bytes_;
             for (uint8_t* arr : {base, base + array_bytes_}) {
-              std::memcpy(arr + size_t{1} * copy * block_bytes_,
-                          arr + size_t{1} * hit->block * block_bytes_, block_bytes_);
+              uint8_t* to = arr + size_t{1} * copy * block_bytes_;
+              const uint8_t* from = arr + size_t{1} * hit->block * block_bytes_;
+              if (device_) {
+                device_->copy(to, from, block_bytes_);
+              } else {
+                std::memcpy(to, from, block_bytes_);
+              }
             }
           }
           s->blocks.push_back(copy);
@@ -313,9 +333,13 @@ namespace {
 // The store a transfer writes through: the cache's memory, a private copy of one block table.
 class BlockTableView final : public KvStore {
  public:
-  BlockTableView(const KvLayout& layout, int32_t seq, std::vector<int32_t> blocks,
-                 std::vector<KvLayerRef> layers)
-      : layout_(layout), seq_(seq), blocks_(std::move(blocks)), layers_(std::move(layers)) {
+  BlockTableView(const KvLayout& layout, const KvMemory* memory, int32_t seq,
+                 std::vector<int32_t> blocks, std::vector<KvLayerRef> layers)
+      : layout_(layout),
+        memory_(memory),
+        seq_(seq),
+        blocks_(std::move(blocks)),
+        layers_(std::move(layers)) {
     for (KvLayerRef& r : layers_) r.block_ids = blocks_.data();
   }
   KvLayout layout() const override { return layout_; }
@@ -323,9 +347,11 @@ class BlockTableView final : public KvStore {
     if (seq != seq_ || layer < 0 || layer >= static_cast<int>(layers_.size())) return {};
     return layers_[layer];
   }
+  const KvMemory* memory() const override { return memory_; }
 
  private:
   KvLayout layout_;
+  const KvMemory* memory_;
   int32_t seq_;
   std::vector<int32_t> blocks_;
   std::vector<KvLayerRef> layers_;
@@ -339,7 +365,7 @@ std::unique_ptr<KvStore> PagedKvCache::WriteView(int32_t seq) {
   std::vector<KvLayerRef> layers;
   layers.reserve(layout_.n_layers);
   for (int l = 0; l < layout_.n_layers; ++l) layers.push_back(Layer(seq, l));
-  return std::make_unique<BlockTableView>(layout_, seq, s->blocks, std::move(layers));
+  return std::make_unique<BlockTableView>(layout_, memory(), seq, s->blocks, std::move(layers));
 }
 
 absl::Status PagedKvCache::FinishExternalFill(int32_t seq, int n_slots,

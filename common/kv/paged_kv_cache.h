@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -28,6 +29,9 @@ struct PagedKvOptions {
   int block_tokens = 16;
   size_t budget_bytes = 0;  // KV memory; num_blocks = budget / (block_tokens * bytes_per_token)
   double watermark = 0.01;  // fraction of all blocks admission keeps free
+  // Where the blocks live: host memory (huge pages) when unset, else a GPU backend's
+  // (DeviceKvMemory); the cache then copies blocks only through its copies.
+  std::optional<KvMemory> device;
 };
 
 class PagedKvCache final : public KvStore {
@@ -38,6 +42,8 @@ class PagedKvCache final : public KvStore {
   // ONE block table per sequence, shared by all layers; each layer has its own K and V arrays.
   // An unknown sequence or layer gives an empty ref (no blocks).
   KvLayerRef Layer(int32_t seq, int layer) override;
+  const KvMemory* memory() const override { return device_ ? &*device_ : nullptr; }
+  ~PagedKvCache() override;
 
   int block_tokens() const { return block_tokens_; }
   int num_blocks() const { return pool_.num_blocks(); }
@@ -140,6 +146,9 @@ class PagedKvCache final : public KvStore {
   size_t bytes_ = 0;
   int watermark_blocks_ = 0;
   HugePageBuffer storage_;  // [layer][K|V][block]
+  std::optional<KvMemory> device_;
+  uint8_t* device_storage_ = nullptr;  // the same in device memory (then storage_ is empty)
+  uint8_t* base_ = nullptr;            // whichever holds the blocks
   BlockPool pool_;
   PrefixCache prefix_;
   absl::flat_hash_map<int32_t, Seq> seqs_;

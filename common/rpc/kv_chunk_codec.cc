@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/kv/kv_dtype.h"
+#include "common/kv/kv_staging.h"
 #include "xxhash.h"
 
 namespace tripod {
@@ -67,7 +68,9 @@ void EncodeKvChunk(KvStore& store, int32_t kv_seq, int layer_begin, int layer_en
   payload->resize(KvChunkPayloadBytes(l, layer_end - layer_begin, n_slots));
   uint8_t* out = reinterpret_cast<uint8_t*>(payload->data());
   for (int layer = layer_begin; layer < layer_end; ++layer) {
-    const KvLayerRef ref = store.Layer(kv_seq, layer);
+    const StagedKvLayer staged(store.Layer(kv_seq, layer), store.memory(), slot_begin, slot_end,
+                               StagedKvLayer::Use::kRead);
+    const KvLayerRef& ref = staged.ref();
     for (int h = 0; h < l.n_kv_heads; ++h) {
       for (int s = slot_begin; s < slot_end; ++s, out += row) ref.ReadK(s, h, l.head_dim, out);
     }
@@ -236,7 +239,9 @@ absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32
   thread_local std::vector<uint8_t> k_row;
   k_row.resize(KvRowBytes(dst.dtype, dst.head_dim));
   for (int l = c.layer_begin(); l < c.layer_end(); ++l) {
-    const KvLayerRef ref = store.Layer(kv_seq, l);
+    StagedKvLayer staged(store.Layer(kv_seq, l), store.memory(), c.slot_begin(), c.slot_end(),
+                         StagedKvLayer::Use::kWrite);
+    const KvLayerRef& ref = staged.ref();
     for (int h = 0; h < layout_.n_kv_heads; ++h) {
       for (int s = c.slot_begin(); s < c.slot_end(); ++s, in += src_row) {
         ConvertKvRow(in, src_type, k_row.data(), dst.dtype, dst.head_dim);
@@ -248,6 +253,7 @@ absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32
         ConvertKvRow(in, src_type, ref.v_at(s, h, dst.head_dim), dst.dtype, dst.head_dim);
       }
     }
+    staged.Commit();
   }
   // Recorded only once the whole chunk is in.
   const bool trimmed = c.kept_positions_size() > 0;

@@ -359,6 +359,23 @@ class CudaBackend final : public Backend {
       Synchronize();  // no write still waiting for (or running on) the memory
       cudaFree(p);
     };
+    // Callers order these after the ops that touch the same bytes (kv_memory.h), so they need not
+    // wait for this backend's stream: each thread's own default stream, which the compute stream
+    // (non-blocking) does not wait for either, and is waited for before returning (a
+    // device-to-device cudaMemcpy alone would not be).
+    auto copy = [](void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, kind, cudaStreamPerThread));
+      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+    };
+    m.to_host = [copy](uint8_t* host, const uint8_t* src, size_t n) {
+      copy(host, src, n, cudaMemcpyDeviceToHost);
+    };
+    m.from_host = [copy](uint8_t* dst, const uint8_t* host, size_t n) {
+      copy(dst, host, n, cudaMemcpyHostToDevice);
+    };
+    m.copy = [copy](uint8_t* dst, const uint8_t* src, size_t n) {
+      copy(dst, src, n, cudaMemcpyDeviceToDevice);
+    };
     return m;
   }
 

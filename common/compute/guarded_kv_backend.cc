@@ -1,0 +1,196 @@
+// GuardedKvBackend; see guarded_kv_backend.h. Written here: no packaged library maps memory
+// twice with different rights.
+#include "common/compute/guarded_kv_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace tripod {
+namespace {
+
+// The allocations: guarded address -> its writable twin. Shared by the backend and the KvMemory
+// it hands out (a store may outlive neither, but the copies hold it anyway).
+class GuardedRegions {
+ public:
+  uint8_t* Alloc(size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t size = std::max(page, (bytes + page - 1) / page * page);
+    const int fd = memfd_create("tripod-guarded-kv", MFD_CLOEXEC);
+    if (fd < 0) return nullptr;
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0) {  // zero-filled
+      close(fd);
+      return nullptr;
+    }
+    void* rw = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* guarded = mmap(nullptr, size, PROT_NONE, MAP_SHARED, fd, 0);
+    close(fd);  // the mappings keep the file
+    if (rw == MAP_FAILED || guarded == MAP_FAILED) {
+      if (rw != MAP_FAILED) munmap(rw, size);
+      if (guarded != MAP_FAILED) munmap(guarded, size);
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[static_cast<uint8_t*>(guarded)] = Region{size, static_cast<uint8_t*>(rw)};
+    return static_cast<uint8_t*>(guarded);
+  }
+
+  void Free(uint8_t* p) {
+    Region r;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = regions_.find(p);
+      if (it == regions_.end()) Die("free of memory it did not allocate", p);
+      r = it->second;
+      regions_.erase(it);
+    }
+    munmap(p, r.size);
+    munmap(r.rw, r.size);
+  }
+
+  // The writable address of [p, p + bytes), which must lie in one allocation.
+  uint8_t* Rw(const uint8_t* p, size_t bytes) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = regions_.upper_bound(const_cast<uint8_t*>(p));
+    if (it == regions_.begin()) Die("an address outside its memory", p);
+    --it;
+    const size_t off = static_cast<size_t>(p - it->first);
+    if (off + bytes > it->second.size) Die("a range outside its memory", p);
+    return it->second.rw + off;
+  }
+
+  KvLayerRef Rw(KvLayerRef ref) const {
+    if (ref.k_base != nullptr) ref.k_base = Rw(ref.k_base, 0);
+    if (ref.v_base != nullptr) ref.v_base = Rw(ref.v_base, 0);
+    return ref;
+  }
+
+ private:
+  struct Region {
+    size_t size = 0;
+    uint8_t* rw = nullptr;
+  };
+  [[noreturn]] static void Die(const char* what, const void* p) {
+    std::fprintf(stderr, "guarded KV memory: %s (%p)\n", what, p);
+    std::abort();
+  }
+  mutable std::mutex mu_;
+  std::map<uint8_t*, Region> regions_;
+};
+
+class GuardedKvBackend final : public Backend {
+ public:
+  explicit GuardedKvBackend(std::unique_ptr<Backend> inner)
+      : inner_(std::move(inner)), regions_(std::make_shared<GuardedRegions>()) {}
+
+  std::string name() const override { return inner_->name() + " (guarded KV)"; }
+  float* Alloc(size_t floats) override { return inner_->Alloc(floats); }
+  void Free(float* p) override { inner_->Free(p); }
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
+      std::span<const GgufTensorInfo* const> parts) override {
+    return inner_->PrepareMatrix(parts);
+  }
+  absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
+      const GgufTensorInfo& tensor) override {
+    return inner_->PrepareVector(tensor);
+  }
+  bool CopiesWeights() const override { return inner_->CopiesWeights(); }
+  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
+      std::span<const GgufTensorInfo* const> parts,
+      std::span<const float* const> col_scales) override {
+    return inner_->PrepareScaledMatrix(parts, col_scales);
+  }
+  void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
+             int64_t ld_out) override {
+    inner_->Embed(table, ids, out, ld_out);
+  }
+  void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
+               float* y, int64_t ldy) override {
+    inner_->RmsNorm(x, ldx, w, m, n, eps, y, ldy);
+  }
+  void Linear(const PreparedMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
+              bool accumulate) override {
+    inner_->Linear(w, x, m, ldx, y, ldy, accumulate);
+  }
+  void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
+    inner_->AddBias(x, ldx, b, m, n);
+  }
+  void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
+                 int64_t ldy) override {
+    inner_->AddScaled(x, ldx, alpha, m, n, y, ldy);
+  }
+  void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim,
+            const RopeAngles& angles) override {
+    inner_->Rope(x, ldx, m, n_heads, head_dim, angles);
+  }
+  void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
+    inner_->SwiGlu(gu, ldgu, m, n, out, ldo);
+  }
+  void GatherRows(const float* src, int64_t lds, std::span<const int32_t> src_rows, int n,
+                  float* dst, int64_t ldd) override {
+    inner_->GatherRows(src, lds, src_rows, n, dst, ldd);
+  }
+  // The ops that reach K/V: their refs move to the writable mapping.
+  void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
+               const KvLayerRef& kv, int64_t slot_begin) override {
+    inner_->WriteKv(k, v, m, ld, n_kv_heads, head_dim, regions_->Rw(kv), slot_begin);
+  }
+  void Attention(std::span<const AttentionArgs> seqs) override {
+    std::vector<AttentionArgs> rw(seqs.begin(), seqs.end());
+    for (AttentionArgs& a : rw) a.kv = regions_->Rw(a.kv);
+    inner_->Attention(rw);
+  }
+  void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
+    std::vector<AttentionScoreArgs> rw(seqs.begin(), seqs.end());
+    for (AttentionScoreArgs& a : rw) a.kv = regions_->Rw(a.kv);
+    inner_->AttentionScores(rw);
+  }
+  void ToHost(const float* src, size_t n, float* host_dst) override {
+    inner_->ToHost(src, n, host_dst);
+  }
+  void FromHost(const float* host_src, size_t n, float* dst) override {
+    inner_->FromHost(host_src, n, dst);
+  }
+  void Synchronize() override { inner_->Synchronize(); }
+  absl::Status Supports(const ModelConfig& config, KvDtype kv) const override {
+    return inner_->Supports(config, kv);
+  }
+
+  std::optional<KvMemory> DeviceKvMemory() override {
+    std::shared_ptr<GuardedRegions> r = regions_;
+    KvMemory m;
+    m.alloc = [r](size_t bytes) { return r->Alloc(bytes); };
+    m.free = [r](uint8_t* p) { r->Free(p); };
+    m.to_host = [r](uint8_t* host, const uint8_t* src, size_t n) {
+      std::memcpy(host, r->Rw(src, n), n);
+    };
+    m.from_host = [r](uint8_t* dst, const uint8_t* host, size_t n) {
+      std::memcpy(r->Rw(dst, n), host, n);
+    };
+    m.copy = [r](uint8_t* dst, const uint8_t* src, size_t n) {
+      std::memmove(r->Rw(dst, n), r->Rw(src, n), n);
+    };
+    return m;
+  }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  std::shared_ptr<GuardedRegions> regions_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> MakeGuardedKvBackend(std::unique_ptr<Backend> inner) {
+  return std::make_unique<GuardedKvBackend>(std::move(inner));
+}
+
+}  // namespace tripod
