@@ -26,10 +26,15 @@
 #include "common/compute/cuda/cuda_backend.h"
 #include "common/compute/profiling_backend.h"
 #include "common/kv/kv_dtype.h"
+#include "common/kv/kv_snapshot.h"
+#include "common/kv/paged_kv_cache.h"
 #include "common/model/bundled_model.h"
 #include "common/model/quant_types.h"
+#include "decode_node/decode_engine.h"
+#include "decode_node/greedy_from_kv.h"
 #include "nlohmann/json.hpp"
 #include "prefill_node/pop_config.h"
+#include "prefill_node/prefill_engine.h"
 
 #if TRIPOD_HAVE_CUDA
 #include <cublas_v2.h>
@@ -456,6 +461,7 @@ void CheckAttention(Backend& be, const AttnCase& c) {
 // Part 2: the bundled model against the CPU reference.
 
 void CheckDraft(const json& ref, const std::string& path);
+void CheckWorkers(const json& ref, const std::string& path);
 
 void CheckModel(Backend& be) {
   std::ifstream in(absl::GetFlag(FLAGS_reference));
@@ -511,6 +517,7 @@ void CheckModel(Backend& be) {
           {"ok", ok}});
   }
   CheckDraft(ref, path);
+  CheckWorkers(ref, path);
 }
 
 // The draft worker's engine on the GPU against the CPU's (fp32) scores, kept positions and
@@ -552,6 +559,89 @@ void CheckDraft(const json& ref, const std::string& path) {
         {"keep_overlap", overlap},
         {"lookahead_equal", same},
         {"lookahead_total", lookahead.size()},
+        {"ok", ok}});
+}
+
+// The prefill and decode workers' engines on the GPU, their KV in device memory: the prefill's
+// snapshot leaves through KvMemory::to_host (StagedKvLayer), the decode engine imports it through
+// from_host (edge blocks read first), and its greedy tokens must be the CPU's. Then the same KV in
+// a paged cache on the device: a prompt of whole blocks attached from the prefix cache copies its
+// last block on the device (KvMemory::copy), and reads back as the original's bytes.
+void CheckWorkers(const json& ref, const std::string& path) {
+  const std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
+  const std::vector<int32_t> greedy = ref["greedy"].get<std::vector<int32_t>>();
+  auto fail = [](const char* what, const absl::Status& st) {
+    std::printf("  workers: %s: %s\n", what, st.ToString().c_str());
+    g_failed = true;
+  };
+  PrefillOptions po;
+  po.model_path = path;
+  po.pop = PopConfig{};  // ratio 0: the full model, the exactness switch
+  absl::StatusOr<std::unique_ptr<Backend>> pb = MakeCudaBackend();
+  if (!pb.ok()) return fail("backend", pb.status());
+  absl::StatusOr<std::unique_ptr<PrefillEngine>> pe =
+      PrefillEngine::Create(po, std::move(*pb), KvDtype::kF16);
+  if (!pe.ok()) return fail("prefill engine", pe.status());
+  const auto t0 = Clock::now();
+  absl::StatusOr<PrefillResult> pr = (*pe)->Run(prompt);
+  if (!pr.ok()) return fail("prefill", pr.status());
+  const double prefill_ms = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
+
+  DecodeEngineOptions dopt;
+  dopt.model_path = path;
+  dopt.kv_budget_bytes = size_t{256} << 20;
+  dopt.context_tokens = 512;
+  absl::StatusOr<std::unique_ptr<Backend>> db = MakeCudaBackend();
+  if (!db.ok()) return fail("backend", db.status());
+  absl::StatusOr<std::unique_ptr<DecodeEngine>> de =
+      DecodeEngine::Create(dopt, std::move(*db), KvDtype::kF16);
+  if (!de.ok()) return fail("decode engine", de.status());
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      GreedyFromKv(**de, prompt, pr->kv, static_cast<int>(greedy.size()));
+  if (!tokens.ok()) return fail("decode", tokens.status());
+  size_t same = 0;
+  while (same < greedy.size() && same < tokens->size() && (*tokens)[same] == greedy[same]) ++same;
+
+  // The prefix cache's copy on the device.
+  absl::StatusOr<std::unique_ptr<Backend>> cb = MakeCudaBackend();
+  if (!cb.ok()) return fail("backend", cb.status());
+  PagedKvOptions ko;
+  ko.layout = pr->kv.layout;
+  ko.budget_bytes = size_t{64} << 20;
+  ko.device = (*cb)->DeviceKvMemory();
+  absl::StatusOr<std::unique_ptr<PagedKvCache>> cache = PagedKvCache::Create(ko);
+  if (!cache.ok()) return fail("paged cache", cache.status());
+  const int32_t a = (*cache)->NewSequence(pr->kv.plan_key);
+  absl::Status st = (*cache)->Import(a, pr->kv);
+  if (!st.ok()) return fail("import", st);
+  const int whole = pr->prefilled_tokens / 16 * 16;
+  const int32_t b = (*cache)->NewSequence(pr->kv.plan_key);
+  const int attached = (*cache)->AttachCachedPrefix(
+      b, std::span<const int32_t>(pr->kv.token_ids.data(), static_cast<size_t>(whole)));
+  absl::StatusOr<KvSnapshot> back_a = ExportSnapshot(**cache, a, whole - 1);
+  absl::StatusOr<KvSnapshot> back_b = ExportSnapshot(**cache, b, whole - 1);
+  if (!back_a.ok() || !back_b.ok()) return fail("export", back_a.status());
+  const bool copied = attached == whole - 1 &&
+                      (*cache)->Layer(b, 0).block_ids[whole / 16 - 1] !=
+                          (*cache)->Layer(a, 0).block_ids[whole / 16 - 1] &&
+                      back_a->k == back_b->k && back_a->v == back_b->v;
+  // And the imported KV reads back as the prefill's bytes (f16 both).
+  absl::StatusOr<KvSnapshot> full = ExportSnapshot(**cache, a, pr->prefilled_tokens);
+  const bool round_trip = full.ok() && full->k == pr->kv.k && full->v == pr->kv.v;
+
+  const bool ok = same == greedy.size() && copied && round_trip;
+  if (!ok) g_failed = true;
+  std::printf(
+      "  workers (prefill and decode engines, KV in device memory): greedy tokens equal %zu/%zu, "
+      "snapshot round trip %s, prefix-cache block copy %s (%d of %d slots attached), prefill of "
+      "%zu tokens %.2f ms  %s\n",
+      same, greedy.size(), round_trip ? "same bytes" : "DIFFERS", copied ? "same bytes" : "DIFFERS",
+      attached, whole, prompt.size(), prefill_ms, ok ? "ok" : "FAIL");
+  Emit({{"part", "workers"},
+        {"greedy_equal", same},
+        {"greedy_total", greedy.size()},
+        {"snapshot_round_trip", round_trip},
+        {"prefix_copy", copied},
         {"ok", ok}});
 }
 

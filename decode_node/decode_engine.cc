@@ -6,8 +6,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/compute/cpu/cpu_backend.h"
-#include "common/compute/make_backend.h"
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
 #include "common/kv/kv_dtype.h"
@@ -58,20 +56,14 @@ double Now() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
-    const DecodeEngineOptions& options) {
+    const DecodeEngineOptions& options, std::unique_ptr<Backend> backend, KvDtype default_kv) {
   if (options.max_tokens_per_step < 1 || options.max_running < 1 || options.block_tokens < 1) {
     return absl::InvalidArgumentError(
         "decode engine: max_tokens_per_step, max_running and block_tokens must be >= 1");
   }
   std::unique_ptr<DecodeEngine> e(new DecodeEngine());
   e->options_ = options;
-  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(options.precision));
-  cpu.batch_invariant =
-      options.batch_invariant < 0 ? options.precision == "fp32" : options.batch_invariant != 0;
-  // Batch-invariant Linear never takes the GEMM path: no fp32 copy of the weights to prepack.
-  if (cpu.batch_invariant) cpu.prepack_at_load = false;
-  ASSIGN_OR_RETURN(MadeBackend made, MakeBackend(options.backend, cpu));
-  e->backend_ = std::move(made.backend);
+  e->backend_ = std::move(backend);
   const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_));
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(*e->model_->gguf));
@@ -83,7 +75,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
   kv.layout.n_layers = c.n_layers;
   kv.layout.n_kv_heads = c.n_kv_heads;
   kv.layout.head_dim = c.head_dim;
-  ASSIGN_OR_RETURN(kv.layout.dtype, ParseKvDtype(options.kv_cache_dtype, made.default_kv));
+  ASSIGN_OR_RETURN(kv.layout.dtype, ParseKvDtype(options.kv_cache_dtype, default_kv));
   RETURN_IF_ERROR(e->backend_->Supports(c, kv.layout.dtype));
   kv.device = e->backend_->DeviceKvMemory();
   kv.block_tokens = options.block_tokens;

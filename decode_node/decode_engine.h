@@ -100,7 +100,15 @@ struct KvReservation {
 
 class DecodeEngine {
  public:
+  // On the backend options.backend names (decode_engine_create.cc: MakeBackend, with the CPU's
+  // batch invariance).
   static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(const DecodeEngineOptions& options);
+  // On a backend the caller made (options.backend, precision and batch_invariant unused); "auto"
+  // KV means default_kv. A separate definition, so that a program giving its own backend
+  // (bench/gpu_check) links no other.
+  static absl::StatusOr<std::unique_ptr<DecodeEngine>> Create(const DecodeEngineOptions& options,
+                                                              std::unique_ptr<Backend> backend,
+                                                              KvDtype default_kv);
   ~DecodeEngine();  // stops the loop; requests still in flight end as cancelled
   DecodeEngine(const DecodeEngine&) = delete;
   DecodeEngine& operator=(const DecodeEngine&) = delete;

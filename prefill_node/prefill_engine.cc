@@ -6,8 +6,6 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/compute/cpu/cpu_backend.h"
-#include "common/compute/make_backend.h"
 #include "common/compute/session.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/kv/pyramid_budgets.h"
@@ -31,26 +29,16 @@ WeightSelection PrefillSelection(int n_layers, const std::vector<int>& skipped) 
   return s;
 }
 
-absl::StatusOr<size_t> FullModelWeightBytes(const std::string& model_path,
-                                            const std::string& precision) {
-  ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(precision));
-  std::unique_ptr<Backend> backend = MakeCpuBackend(cpu);
-  ASSIGN_OR_RETURN(std::unique_ptr<LoadedModel> m,
-                   LoadModel(model_path.empty() ? BundledModelPath() : model_path, *backend));
-  return m->resident_weight_bytes();
-}
-
 absl::StatusOr<std::unique_ptr<PrefillEngine>> PrefillEngine::Create(
-    const PrefillOptions& options) {
+    const PrefillOptions& options, std::unique_ptr<Backend> backend, KvDtype kv) {
   if (options.chunk <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefill: chunk must be positive, got ", options.chunk));
   }
   std::unique_ptr<PrefillEngine> e(new PrefillEngine());
   e->options_ = options;
-  ASSIGN_OR_RETURN(MadeBackend made, MakeBackend(options.backend, options.precision));
-  e->kv_dtype_ = made.default_kv;
-  e->backend_ = std::move(made.backend);
+  e->kv_dtype_ = kv;
+  e->backend_ = std::move(backend);
   const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
   // The layer count decides the skipped set, and the skipped set decides what to load: read the
   // config first (a mapping and a header parse, no weights).

@@ -68,7 +68,14 @@ struct PrefillResult {
 
 class PrefillEngine {
  public:
+  // On the backend options.backend names (prefill_engine_create.cc: MakeBackend).
   static absl::StatusOr<std::unique_ptr<PrefillEngine>> Create(const PrefillOptions& options);
+  // On a backend the caller made (options.backend and options.precision unused), its K/V stored
+  // as `kv`: a separate definition, so that a program giving its own backend (bench/gpu_check)
+  // links no other.
+  static absl::StatusOr<std::unique_ptr<PrefillEngine>> Create(const PrefillOptions& options,
+                                                               std::unique_ptr<Backend> backend,
+                                                               KvDtype kv);
 
   // Prefills prompt[0..n-2]; n >= 1 (a one-token prompt prefills nothing: an empty snapshot, no
   // sink call). Engine thread only.
