@@ -90,6 +90,8 @@ def test_default_values_render_every_role():
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http", "scheme": "HTTP"}
     assert c["livenessProbe"]["httpGet"]["path"] == "/metrics"
     assert "nvidia.com/gpu" not in c["resources"].get("limits", {})
+    if not d["metadata"]["name"].endswith("scheduler"):
+      assert "--backend=cpu" in c["args"]
     pod = d["spec"]["template"]
     # Drain (10 s) plus the margin.
     assert pod["spec"]["terminationGracePeriodSeconds"] == 20
@@ -120,6 +122,7 @@ def test_gpu_requests_only_when_asked():
   for role in ("prefill", "decode", "draft"):
     limits = container(deps[f"demo-tripod-{role}"])["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == 1 and limits["memory"]
+    assert "--backend=cuda" in container(deps[f"demo-tripod-{role}"])["args"]
   assert "nvidia.com/gpu" not in container(deps["demo-tripod-scheduler"])["resources"]["limits"]
   spec = deps["demo-tripod-decode"]["spec"]["template"]["spec"]
   assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
