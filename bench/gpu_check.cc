@@ -27,6 +27,7 @@
 #include "common/compute/profiling_backend.h"
 #include "common/kv/kv_dtype.h"
 #include "common/kv/kv_snapshot.h"
+#include "common/kv/kv_staging.h"
 #include "common/kv/paged_kv_cache.h"
 #include "common/model/bundled_model.h"
 #include "common/model/quant_types.h"
@@ -629,19 +630,58 @@ void CheckWorkers(const json& ref, const std::string& path) {
   absl::StatusOr<KvSnapshot> full = ExportSnapshot(**cache, a, pr->prefilled_tokens);
   const bool round_trip = full.ok() && full->k == pr->kv.k && full->v == pr->kv.v;
 
-  const bool ok = same == greedy.size() && copied && round_trip;
+  // The transfer's rows (kv_rows.cu through KvMemory::read_rows / write_rows): gathered from the
+  // device blocks as the host gathers them from a host cache of the same KV, and written into
+  // another sequence's blocks, read back whole.
+  const int m = pr->prefilled_tokens;
+  absl::StatusOr<std::unique_ptr<ContiguousKvCache>> host =
+      ContiguousKvCache::Create(pr->kv.layout, 1, m);
+  if (!host.ok()) return fail("host cache", host.status());
+  st = WriteSnapshot(pr->kv, **host, 0);
+  if (!st.ok()) return fail("host cache", st);
+  const int32_t w = (*cache)->NewSequence(pr->kv.plan_key);
+  if (!(*cache)->EnsureCapacity(w, m)) return fail("rows", absl::ResourceExhaustedError("blocks"));
+  bool rows_ok = true;
+  const int L = pr->kv.layout.n_layers;
+  auto rows_bytes = [&](int n) {
+    const KvLayout& l = pr->kv.layout;
+    return 2 * size_t{1} * l.n_kv_heads * n * KvRowBytes(l.dtype, l.head_dim);
+  };
+  for (const auto& [s0, s1] : std::vector<std::pair<int, int>>{{0, m}, {5, 37}, {17, 18}}) {
+    if (s1 > m) continue;
+    for (int layer = 0; layer < L; ++layer) {
+      const size_t bytes = rows_bytes(s1 - s0);
+      std::vector<uint8_t> want(bytes), got(bytes);
+      ReadLayerRows(**host, 0, layer, s0, s1, want.data());
+      ReadLayerRows(**cache, a, layer, s0, s1, got.data());
+      rows_ok = rows_ok && want == got;
+    }
+  }
+  for (int layer = 0; layer < L; ++layer) {
+    for (const auto& [s0, s1] : std::vector<std::pair<int, int>>{{0, 20}, {20, m}}) {
+      if (s0 >= s1) continue;
+      std::vector<uint8_t> rows(rows_bytes(s1 - s0));
+      ReadLayerRows(**host, 0, layer, s0, s1, rows.data());
+      WriteLayerRows(rows.data(), **cache, w, layer, s0, s1);  // the second starts mid-block
+    }
+  }
+  absl::StatusOr<KvSnapshot> written = ExportSnapshot(**cache, w, m);
+  rows_ok = rows_ok && written.ok() && written->k == pr->kv.k && written->v == pr->kv.v;
+  const bool ok = same == greedy.size() && copied && round_trip && rows_ok;
   if (!ok) g_failed = true;
   std::printf(
       "  workers (prefill and decode engines, KV in device memory): greedy tokens equal %zu/%zu, "
-      "snapshot round trip %s, prefix-cache block copy %s (%d of %d slots attached), prefill of "
-      "%zu tokens %.2f ms  %s\n",
+      "snapshot round trip %s, prefix-cache block copy %s (%d of %d slots attached), transfer "
+      "rows gathered and scattered on the device %s, prefill of %zu tokens %.2f ms  %s\n",
       same, greedy.size(), round_trip ? "same bytes" : "DIFFERS", copied ? "same bytes" : "DIFFERS",
-      attached, whole, prompt.size(), prefill_ms, ok ? "ok" : "FAIL");
+      attached, whole, rows_ok ? "same bytes" : "DIFFER", prompt.size(), prefill_ms,
+      ok ? "ok" : "FAIL");
   Emit({{"part", "workers"},
         {"greedy_equal", same},
         {"greedy_total", greedy.size()},
         {"snapshot_round_trip", round_trip},
         {"prefix_copy", copied},
+        {"device_rows", rows_ok},
         {"ok", ok}});
 }
 

@@ -15,6 +15,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/kv/kv_staging.h"
+
 namespace tripod {
 namespace {
 
@@ -178,6 +180,13 @@ class GuardedKvBackend final : public Backend {
     };
     m.copy = [r](uint8_t* dst, const uint8_t* src, size_t n) {
       std::memmove(r->Rw(dst, n), r->Rw(src, n), n);
+    };
+    // As a GPU's: rows gathered "on the device" (the writable twin) and handed over whole.
+    m.read_rows = [r](const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
+                      uint8_t* rows) { ReadKvRows(r->Rw(ref), heads, head_dim, s0, s1, rows); };
+    m.write_rows = [r](const uint8_t* rows, int heads, int head_dim, int s0, int s1,
+                       const KvLayerRef& ref) {
+      WriteKvRows(rows, heads, head_dim, s0, s1, r->Rw(ref));
     };
     return m;
   }

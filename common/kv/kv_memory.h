@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <functional>
 
+#include "common/kv/kv_layout.h"
+
 namespace tripod {
 
 struct KvMemory {
@@ -21,6 +23,18 @@ struct KvMemory {
   std::function<void(uint8_t* host_dst, const uint8_t* src, size_t bytes)> to_host;
   std::function<void(uint8_t* dst, const uint8_t* host_src, size_t bytes)> from_host;
   std::function<void(uint8_t* dst, const uint8_t* src, size_t bytes)> copy;  // within the memory
+
+  // Optional, ordered as the copies: slots [slot_begin, slot_end) of one layer's `ref` as the
+  // KV-chunk payload lays them out ([K, V][kv_head][slot] rows of head_dim elements of ref's
+  // type, K in row order), gathered on the device and copied to the host in one piece; and the
+  // reverse. A transfer then costs one copy per layer and chunk, not one per run of consecutive
+  // blocks (a paged cache's blocks are scattered).
+  std::function<void(const KvLayerRef& ref, int n_kv_heads, int head_dim, int slot_begin,
+                     int slot_end, uint8_t* host_rows)>
+      read_rows;
+  std::function<void(const uint8_t* host_rows, int n_kv_heads, int head_dim, int slot_begin,
+                     int slot_end, const KvLayerRef& ref)>
+      write_rows;
 };
 
 }  // namespace tripod

@@ -1,6 +1,8 @@
 // StagedKvLayer; see kv_staging.h.
 #include "common/kv/kv_staging.h"
 
+#include <cstring>
+
 namespace tripod {
 
 StagedKvLayer::StagedKvLayer(const KvLayerRef& ref, const KvMemory* memory, int64_t slot_begin,
@@ -58,6 +60,57 @@ void StagedKvLayer::Commit() {
     memory_->from_host(device_.k_base + size_t{1} * id * bb, k_.data() + i * bb, n * bb);
     memory_->from_host(device_.v_base + size_t{1} * id * bb, v_.data() + i * bb, n * bb);
   });
+}
+
+void ReadKvRows(const KvLayerRef& ref, int n_kv_heads, int head_dim, int slot_begin, int slot_end,
+                uint8_t* rows) {
+  const size_t row = KvRowBytes(ref.dtype, head_dim);
+  for (int h = 0; h < n_kv_heads; ++h) {
+    for (int s = slot_begin; s < slot_end; ++s, rows += row) ref.ReadK(s, h, head_dim, rows);
+  }
+  for (int h = 0; h < n_kv_heads; ++h) {
+    for (int s = slot_begin; s < slot_end; ++s, rows += row) {
+      std::memcpy(rows, ref.v_at(s, h, head_dim), row);
+    }
+  }
+}
+
+void WriteKvRows(const uint8_t* rows, int n_kv_heads, int head_dim, int slot_begin, int slot_end,
+                 const KvLayerRef& ref) {
+  const size_t row = KvRowBytes(ref.dtype, head_dim);
+  for (int h = 0; h < n_kv_heads; ++h) {
+    for (int s = slot_begin; s < slot_end; ++s, rows += row) ref.WriteK(s, h, head_dim, rows);
+  }
+  for (int h = 0; h < n_kv_heads; ++h) {
+    for (int s = slot_begin; s < slot_end; ++s, rows += row) {
+      std::memcpy(ref.v_at(s, h, head_dim), rows, row);
+    }
+  }
+}
+
+void ReadLayerRows(KvStore& store, int32_t seq, int layer, int slot_begin, int slot_end,
+                   uint8_t* rows) {
+  const KvLayout l = store.layout();
+  const KvLayerRef ref = store.Layer(seq, layer);
+  const KvMemory* mem = store.memory();
+  if (mem != nullptr && mem->read_rows) {
+    return mem->read_rows(ref, l.n_kv_heads, l.head_dim, slot_begin, slot_end, rows);
+  }
+  const StagedKvLayer staged(ref, mem, slot_begin, slot_end, StagedKvLayer::Use::kRead);
+  ReadKvRows(staged.ref(), l.n_kv_heads, l.head_dim, slot_begin, slot_end, rows);
+}
+
+void WriteLayerRows(const uint8_t* rows, KvStore& store, int32_t seq, int layer, int slot_begin,
+                    int slot_end) {
+  const KvLayout l = store.layout();
+  const KvLayerRef ref = store.Layer(seq, layer);
+  const KvMemory* mem = store.memory();
+  if (mem != nullptr && mem->write_rows) {
+    return mem->write_rows(rows, l.n_kv_heads, l.head_dim, slot_begin, slot_end, ref);
+  }
+  StagedKvLayer staged(ref, mem, slot_begin, slot_end, StagedKvLayer::Use::kWrite);
+  WriteKvRows(rows, l.n_kv_heads, l.head_dim, slot_begin, slot_end, staged.ref());
+  staged.Commit();
 }
 
 }  // namespace tripod

@@ -9,6 +9,7 @@
 
 #include "common/kv/kv_layout.h"
 #include "common/kv/kv_memory.h"
+#include "common/kv/kv_store.h"
 
 namespace tripod {
 
@@ -44,5 +45,21 @@ class StagedKvLayer {
   std::vector<int32_t> host_ids_;  // index first_block_ + i -> host block i
   std::vector<uint8_t> k_, v_;     // n_staged_ blocks each
 };
+
+// One layer's slots [slot_begin, slot_end) of `ref` as the KV-chunk payload's rows ([K, V]
+// [kv_head][slot], head_dim elements of ref's type, K in row order), read from or written into host
+// memory that `ref` addresses directly.
+void ReadKvRows(const KvLayerRef& ref, int n_kv_heads, int head_dim, int slot_begin, int slot_end,
+                uint8_t* rows);
+void WriteKvRows(const uint8_t* rows, int n_kv_heads, int head_dim, int slot_begin, int slot_end,
+                 const KvLayerRef& ref);
+
+// The same for a layer of a store wherever its bytes live: host memory directly, a device's
+// through its read_rows / write_rows (one gather and one copy), or staged blocks where the memory
+// has only plain copies. `rows` is host memory of store.layout().dtype.
+void ReadLayerRows(KvStore& store, int32_t seq, int layer, int slot_begin, int slot_end,
+                   uint8_t* rows);
+void WriteLayerRows(const uint8_t* rows, KvStore& store, int32_t seq, int layer, int slot_begin,
+                    int slot_end);
 
 }  // namespace tripod

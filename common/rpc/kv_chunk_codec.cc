@@ -55,7 +55,6 @@ int KvChunkSlots(const KvLayout& l, size_t max_payload) {
 void EncodeKvChunk(KvStore& store, int32_t kv_seq, int layer_begin, int layer_end, int slot_begin,
                    int slot_end, v1::KvChunk* chunk, std::span<const int32_t> kept_positions) {
   const KvLayout l = store.layout();
-  const size_t row = KvRowBytes(l.dtype, l.head_dim);
   const int n_slots = slot_end - slot_begin;
   chunk->set_layer_begin(layer_begin);
   chunk->set_layer_end(layer_end);
@@ -67,18 +66,9 @@ void EncodeKvChunk(KvStore& store, int32_t kv_seq, int layer_begin, int layer_en
   std::string* payload = chunk->mutable_payload();
   payload->resize(KvChunkPayloadBytes(l, layer_end - layer_begin, n_slots));
   uint8_t* out = reinterpret_cast<uint8_t*>(payload->data());
-  for (int layer = layer_begin; layer < layer_end; ++layer) {
-    const StagedKvLayer staged(store.Layer(kv_seq, layer), store.memory(), slot_begin, slot_end,
-                               StagedKvLayer::Use::kRead);
-    const KvLayerRef& ref = staged.ref();
-    for (int h = 0; h < l.n_kv_heads; ++h) {
-      for (int s = slot_begin; s < slot_end; ++s, out += row) ref.ReadK(s, h, l.head_dim, out);
-    }
-    for (int h = 0; h < l.n_kv_heads; ++h) {
-      for (int s = slot_begin; s < slot_end; ++s, out += row) {
-        std::memcpy(out, ref.v_at(s, h, l.head_dim), row);
-      }
-    }
+  const size_t layer_bytes = KvChunkPayloadBytes(l, 1, n_slots);
+  for (int layer = layer_begin; layer < layer_end; ++layer, out += layer_bytes) {
+    ReadLayerRows(store, kv_seq, layer, slot_begin, slot_end, out);
   }
   chunk->set_xxh3(XXH3_64bits(payload->data(), payload->size()));
   chunk->set_end(false);
@@ -235,25 +225,22 @@ absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32
   const KvLayout dst = store.layout();
   const size_t src_row = KvRowBytes(src_type, layout_.head_dim);
   const uint8_t* in = reinterpret_cast<const uint8_t*>(c.payload().data());
-  // Scratch for a converted K row (WriteK takes a row in the cache's type).
-  thread_local std::vector<uint8_t> k_row;
-  k_row.resize(KvRowBytes(dst.dtype, dst.head_dim));
-  for (int l = c.layer_begin(); l < c.layer_end(); ++l) {
-    StagedKvLayer staged(store.Layer(kv_seq, l), store.memory(), c.slot_begin(), c.slot_end(),
-                         StagedKvLayer::Use::kWrite);
-    const KvLayerRef& ref = staged.ref();
-    for (int h = 0; h < layout_.n_kv_heads; ++h) {
-      for (int s = c.slot_begin(); s < c.slot_end(); ++s, in += src_row) {
-        ConvertKvRow(in, src_type, k_row.data(), dst.dtype, dst.head_dim);
-        ref.WriteK(s, h, dst.head_dim, k_row.data());
+  const int n = c.slot_end() - c.slot_begin();
+  const size_t src_layer = 2 * size_t{1} * layout_.n_kv_heads * n * src_row;
+  // Rows in the cache's type: the payload itself, or converted into scratch.
+  thread_local std::vector<uint8_t> converted;
+  for (int l = c.layer_begin(); l < c.layer_end(); ++l, in += src_layer) {
+    const uint8_t* rows = in;
+    if (src_type != dst.dtype) {
+      const size_t dst_row = KvRowBytes(dst.dtype, dst.head_dim);
+      converted.resize(2 * size_t{1} * layout_.n_kv_heads * n * dst_row);
+      for (size_t r = 0; r < 2 * size_t{1} * layout_.n_kv_heads * n; ++r) {
+        ConvertKvRow(in + r * src_row, src_type, converted.data() + r * dst_row, dst.dtype,
+                     dst.head_dim);
       }
+      rows = converted.data();
     }
-    for (int h = 0; h < layout_.n_kv_heads; ++h) {
-      for (int s = c.slot_begin(); s < c.slot_end(); ++s, in += src_row) {
-        ConvertKvRow(in, src_type, ref.v_at(s, h, dst.head_dim), dst.dtype, dst.head_dim);
-      }
-    }
-    staged.Commit();
+    WriteLayerRows(rows, store, kv_seq, l, c.slot_begin(), c.slot_end());
   }
   // Recorded only once the whole chunk is in.
   const bool trimmed = c.kept_positions_size() > 0;

@@ -96,6 +96,55 @@ struct Scratch {
   }
 };
 
+// KvLayerRef -> KvView, block_ids left null (the caller puts a device table there, or needs none).
+cuda::KvView ViewWithoutTable(const KvLayerRef& kv, int head_dim) {
+  if (kv.dtype == KvDtype::kQ8_0) Fatal("KV dtype q8_0 is not supported on CUDA");
+  cuda::KvView v;
+  v.k_base = kv.k_base;
+  v.v_base = kv.v_base;
+  v.block_bytes = static_cast<int64_t>(kv.block_bytes);
+  v.block_tokens = kv.block_tokens;
+  v.dtype = static_cast<int>(kv.dtype);
+  v.first_visible = kv.first_visible_slot;
+  v.k_tiled = kv.k_tiled(head_dim) ? 1 : 0;
+  if (kv.block_tokens > 0 && (kv.block_tokens & (kv.block_tokens - 1)) == 0) {
+    v.bt_shift = __builtin_ctz(static_cast<unsigned>(kv.block_tokens));
+  }
+  return v;
+}
+
+// KvMemory::read_rows / write_rows: the blocks that hold the slots get a device table of their
+// own, the rows one scratch buffer, all on the calling thread's default stream (any thread: the
+// backend's state is not touched), waited for.
+void KvRowsThroughDevice(const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
+                         uint8_t* host_rows, bool read) {
+  if (s1 <= s0) return;
+  const int bt = ref.block_tokens;
+  const int b0 = s0 / bt, b1 = (s1 - 1) / bt;
+  const size_t n_blocks = static_cast<size_t>(b1 - b0 + 1);
+  const size_t table_bytes = (n_blocks * sizeof(int32_t) + 255) / 256 * 256;
+  const size_t bytes = 2 * size_t{1} * heads * (s1 - s0) * KvRowBytes(ref.dtype, head_dim);
+  cudaStream_t st = cudaStreamPerThread;
+  void* scratch = nullptr;
+  TRIPOD_CUDA_CHECK(cudaMallocAsync(&scratch, table_bytes + bytes, st));
+  int32_t* table = static_cast<int32_t*>(scratch);
+  uint8_t* rows = static_cast<uint8_t*>(scratch) + table_bytes;
+  TRIPOD_CUDA_CHECK(cudaMemcpyAsync(table, ref.block_ids + b0, n_blocks * sizeof(int32_t),
+                                    cudaMemcpyHostToDevice, st));
+  cuda::KvView v = ViewWithoutTable(ref, head_dim);
+  v.block_ids = table;  // block b0 is the table's first: slots shift by b0 blocks
+  const int slot0 = s0 - b0 * bt;
+  if (read) {
+    cuda::PackKvRows(v, heads, head_dim, slot0, s1 - s0, rows, st);
+    TRIPOD_CUDA_CHECK(cudaMemcpyAsync(host_rows, rows, bytes, cudaMemcpyDeviceToHost, st));
+  } else {
+    TRIPOD_CUDA_CHECK(cudaMemcpyAsync(rows, host_rows, bytes, cudaMemcpyHostToDevice, st));
+    cuda::UnpackKvRows(rows, heads, head_dim, slot0, s1 - s0, v, st);
+  }
+  TRIPOD_CUDA_CHECK(cudaFreeAsync(scratch, st));
+  TRIPOD_CUDA_CHECK(cudaStreamSynchronize(st));
+}
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
@@ -376,6 +425,14 @@ class CudaBackend final : public Backend {
     m.copy = [copy](uint8_t* dst, const uint8_t* src, size_t n) {
       copy(dst, src, n, cudaMemcpyDeviceToDevice);
     };
+    m.read_rows = [](const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
+                     uint8_t* rows) {
+      KvRowsThroughDevice(ref, heads, head_dim, s0, s1, rows, true);
+    };
+    m.write_rows = [](const uint8_t* rows, int heads, int head_dim, int s0, int s1,
+                      const KvLayerRef& ref) {
+      KvRowsThroughDevice(ref, heads, head_dim, s0, s1, const_cast<uint8_t*>(rows), false);
+    };
     return m;
   }
 
@@ -469,18 +526,7 @@ class CudaBackend final : public Backend {
   // KvLayerRef -> KvView. A block table that maps block b to b (a contiguous cache) needs none on
   // the device; another table's blocks up to `slots` are copied into this call's table space.
   cuda::KvView View(const KvLayerRef& kv, int head_dim, int64_t slots) {
-    if (kv.dtype == KvDtype::kQ8_0) Fatal("KV dtype q8_0 is not supported on CUDA");
-    cuda::KvView v;
-    v.k_base = kv.k_base;
-    v.v_base = kv.v_base;
-    v.block_bytes = static_cast<int64_t>(kv.block_bytes);
-    v.block_tokens = kv.block_tokens;
-    v.dtype = static_cast<int>(kv.dtype);
-    v.first_visible = kv.first_visible_slot;
-    v.k_tiled = kv.k_tiled(head_dim) ? 1 : 0;
-    if (kv.block_tokens > 0 && (kv.block_tokens & (kv.block_tokens - 1)) == 0) {
-      v.bt_shift = __builtin_ctz(static_cast<unsigned>(kv.block_tokens));
-    }
+    cuda::KvView v = ViewWithoutTable(kv, head_dim);
     const int64_t blocks = static_cast<int64_t>(BlocksOf(kv, slots));
     bool identity = true;
     for (int64_t b = 0; b < blocks && identity; ++b) identity = kv.block_ids[b] == b;

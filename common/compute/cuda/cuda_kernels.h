@@ -66,6 +66,13 @@ struct KvWriteBatch {
 };
 void WriteKv(const KvWriteBatch& b, cudaStream_t s);
 
+// Slots [slot0, slot0 + n) of kv as the KV-chunk payload's rows ([K, V][kv_head][slot], head_dim
+// elements each, K in row order) and back (kv_rows.cu). f32, f16, bf16.
+void PackKvRows(const KvView& kv, int n_kv_heads, int head_dim, int slot0, int n, uint8_t* rows,
+                cudaStream_t s);
+void UnpackKvRows(const uint8_t* rows, int n_kv_heads, int head_dim, int slot0, int n,
+                  const KvView& kv, cudaStream_t s);
+
 // Attention of up to kMaxAttnSeqs sequences in one launch (their descriptors travel as the
 // kernel's parameters: no upload, and a decode step stays one launch per layer).
 inline constexpr int kMaxAttnSeqs = 24;

@@ -171,41 +171,76 @@ TEST_P(KvStagingTest, APartialWriteKeepsTheBlocksOtherRows) {
   }
 }
 
+// Both ways a device's memory may offer: rows gathered in one piece (read_rows / write_rows, as
+// the CUDA backend's), or plain copies only, through staged blocks.
 TEST_P(KvStagingTest, ChunksLeaveAndLandInGuardedMemoryAsOnTheHost) {
   const KvSnapshot s = RandomSnapshot(GetParam(), 5);
-  std::unique_ptr<ContiguousKvCache> host = Contiguous(false), dev = Contiguous(true);
-  ASSERT_TRUE(WriteSnapshot(s, *host, 0).ok());
-  ASSERT_TRUE(WriteSnapshot(s, *dev, 0).ok());
-  int32_t seq = -1;
-  std::unique_ptr<PagedKvCache> dst = Paged(true, &seq);
-  const KvLayerRef table = dst->Layer(seq, 0);
-  ASSERT_GE(table.n_blocks, 3);
-  EXPECT_NE(table.block_ids[1], table.block_ids[0] + 1);  // not one run: copies per block
-  std::unique_ptr<KvStore> view = dst->WriteView(seq);
-  ASSERT_NE(view->memory(), nullptr);
-  KvChunkReceiver rx(9, dst->layout(), kSlots, kSlots);
-  uint32_t n = 0;
-  uint64_t bytes = 0;
-  for (int b = 0; b < kSlots; b += 7) {  // 7 slots a chunk: blocks written in part, in order
-    for (int layer = 0; layer < kLayers; ++layer) {
-      v1::KvChunk from_host, from_dev;
-      EncodeKvChunk(*host, 0, layer, layer + 1, b, std::min(b + 7, kSlots), &from_host);
-      EncodeKvChunk(*dev, 0, layer, layer + 1, b, std::min(b + 7, kSlots), &from_dev);
-      ASSERT_EQ(from_dev.payload(), from_host.payload()) << "layer " << layer << " slot " << b;
-      from_dev.set_transfer_id(9);
-      from_dev.set_seq(n++);
-      bytes += from_dev.payload().size();
-      ASSERT_TRUE(rx.Accept(from_dev, *view, seq).ok());
+  for (const bool rows : {true, false}) {
+    SCOPED_TRACE(rows ? "read_rows / write_rows" : "staged blocks");
+    const std::optional<KvMemory> full = memory_;
+    if (!rows) {
+      memory_->read_rows = nullptr;
+      memory_->write_rows = nullptr;
     }
+    std::unique_ptr<ContiguousKvCache> host = Contiguous(false), dev = Contiguous(true);
+    ASSERT_TRUE(WriteSnapshot(s, *host, 0).ok());
+    ASSERT_TRUE(WriteSnapshot(s, *dev, 0).ok());
+    int32_t seq = -1;
+    std::unique_ptr<PagedKvCache> dst = Paged(true, &seq);
+    memory_ = full;
+    ASSERT_EQ(static_cast<bool>(dst->memory()->read_rows), rows);
+    const KvLayerRef table = dst->Layer(seq, 0);
+    ASSERT_GE(table.n_blocks, 3);
+    EXPECT_NE(table.block_ids[1], table.block_ids[0] + 1);  // not one run: copies per block
+    std::unique_ptr<KvStore> view = dst->WriteView(seq);
+    ASSERT_NE(view->memory(), nullptr);
+    KvChunkReceiver rx(9, dst->layout(), kSlots, kSlots);
+    uint32_t n = 0;
+    uint64_t bytes = 0;
+    for (int b = 0; b < kSlots; b += 7) {  // 7 slots a chunk: blocks written in part, in order
+      for (int layer = 0; layer < kLayers; layer += 2) {  // one layer, then two
+        const int end = std::min(layer + 2, kLayers);
+        v1::KvChunk from_host, from_dev;
+        EncodeKvChunk(*host, 0, layer, end, b, std::min(b + 7, kSlots), &from_host);
+        EncodeKvChunk(*dev, 0, layer, end, b, std::min(b + 7, kSlots), &from_dev);
+        ASSERT_EQ(from_dev.payload(), from_host.payload()) << "layer " << layer << " slot " << b;
+        from_dev.set_transfer_id(9);
+        from_dev.set_seq(n++);
+        bytes += from_dev.payload().size();
+        ASSERT_TRUE(rx.Accept(from_dev, *view, seq).ok());
+      }
+    }
+    v1::KvChunk end;
+    MakeKvEnd(9, n, n, bytes, &end);
+    ASSERT_TRUE(rx.Finish(end).ok());
+    ASSERT_TRUE(dst->FinishExternalFill(seq, kSlots, {}, 1).ok());
+    auto got = ExportSnapshot(*dst, seq, kSlots);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->k, s.k);
+    EXPECT_EQ(got->v, s.v);
   }
-  v1::KvChunk end;
-  MakeKvEnd(9, n, n, bytes, &end);
-  ASSERT_TRUE(rx.Finish(end).ok());
-  ASSERT_TRUE(dst->FinishExternalFill(seq, kSlots, {}, 1).ok());
-  auto got = ExportSnapshot(*dst, seq, kSlots);
-  ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->k, s.k);
-  EXPECT_EQ(got->v, s.v);
+}
+
+// A chunk of another element type lands converted, as on the host (f32 on the wire, f16 into an
+// f32 cache).
+TEST_P(KvStagingTest, ChunksOfAnotherTypeLandConverted) {
+  const KvDtype wire = GetParam() == KvDtype::kF32 ? KvDtype::kF16 : KvDtype::kF32;
+  const KvSnapshot wide = RandomSnapshot(wire, 6);
+  auto src = ContiguousKvCache::Create(Layout(wire), 1, kSlots);
+  ASSERT_TRUE(src.ok());
+  ASSERT_TRUE(WriteSnapshot(wide, **src, 0).ok());
+  std::unique_ptr<ContiguousKvCache> host = Contiguous(false), dev = Contiguous(true);
+  KvChunkReceiver rx_host(1, host->layout(), kSlots, kSlots),
+      rx_dev(1, dev->layout(), kSlots, kSlots);
+  v1::KvChunk c;
+  EncodeKvChunk(**src, 0, 0, kLayers, 0, kSlots, &c);
+  c.set_transfer_id(1);
+  ASSERT_TRUE(rx_host.Accept(c, *host, 0).ok());
+  ASSERT_TRUE(rx_dev.Accept(c, *dev, 0).ok());
+  auto a = ExportSnapshot(*host, 0, kSlots), b = ExportSnapshot(*dev, 0, kSlots);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->k, b->k);
+  EXPECT_EQ(a->v, b->v);
 }
 
 TEST_P(KvStagingTest, ACachedPromptOfWholeBlocksIsCopiedOnTheDevice) {
