@@ -97,6 +97,7 @@ DecodeService::DecodeService(DecodeEngine& engine, DecodeMetrics& metrics, v1::M
       model_(std::move(model)),
       options_(options),
       layout_(engine.cache().layout()) {
+  links_ = std::make_unique<KvLinks>(options.links, engine.cache().memory(), layout_.dtype);
   transfers_ = std::make_unique<KvTransfers>(
       options.transfers, layout_, [&engine](int32_t kv_seq) { engine.ReleaseKv(kv_seq); },
       [&metrics](const TransferEnd& end) {
@@ -228,12 +229,28 @@ grpc::Status DecodeService::PushKv(grpc::ServerContext* context,
   if (absl::Status st = transfers_->OpenStream(id); !st.ok()) return ToGrpcStatus(st);
   const absl::Time opened = absl::Now();
   while (true) {
-    absl::StatusOr<PushProgress> p = transfers_->Push(id, chunk);
+    absl::StatusOr<PushProgress> p;
+    if (chunk.link_id() != 0 && !chunk.end()) {
+      // The payload comes off the link first, whatever becomes of the transfer: the link's two
+      // ends must stay in step for the payloads after it.
+      const absl::Status got = links_->Receive(chunk, [&](const uint8_t* rows) {
+        p = transfers_->Push(id, chunk, rows);
+        return absl::OkStatus();
+      });
+      if (!got.ok()) {
+        transfers_->Cancel(id, std::string(got.message()));
+        p = got;
+      }
+    } else {
+      p = transfers_->Push(id, chunk);
+    }
     if (!p.ok()) {
       transfers_->CloseStream(id, p.status()).IgnoreError();  // already ended by the refusal
       return ToGrpcStatus(p.status());
     }
-    if (!chunk.end()) metrics_.ChunkAccepted(chunk.payload().size());
+    if (!chunk.end()) {
+      metrics_.ChunkAccepted(chunk.link_id() != 0 ? chunk.link_bytes() : chunk.payload().size());
+    }
     if (p->complete) {
       transfers_->CloseStream(id, absl::OkStatus()).IgnoreError();  // complete: OK
       metrics_.TransferReceived(Seconds(absl::Now() - opened));
@@ -249,6 +266,18 @@ grpc::Status DecodeService::PushKv(grpc::ServerContext* context,
       return ToGrpcStatus(transfers_->CloseStream(id, why));
     }
   }
+}
+
+grpc::Status DecodeService::OpenKvLink(grpc::ServerContext* context,
+                                       const v1::OpenKvLinkRequest* request,
+                                       v1::OpenKvLinkResponse* response) {
+  if (grpc::Status st = CheckProtocol(*context); !st.ok()) return st;
+  absl::StatusOr<v1::OpenKvLinkResponse> r = links_->Open(*request);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *response = *std::move(r);
+  spdlog::info("KV link {} ({}) offered to {}", response->link_id(),
+               v1::KvLinkKind_Name(request->kind()), context->peer());
+  return grpc::Status::OK;
 }
 
 grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::CancelRequest* req,

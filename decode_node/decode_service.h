@@ -36,6 +36,7 @@
 #include "common/util/mutex.h"
 #include "decode_node/decode_engine.h"
 #include "decode_node/decode_metrics.h"
+#include "decode_node/kv_links.h"
 #include "decode_node/kv_transfers.h"
 #include "grpcpp/grpcpp.h"
 #include "tripod/v1/decode.grpc.pb.h"
@@ -44,6 +45,7 @@ namespace tripod {
 
 struct DecodeServiceOptions {
   KvTransfersOptions transfers;
+  KvLinksOptions links;  // which KV links (OpenKvLink) this worker takes
   // How often a waiting handler looks whether its client went away (the sync API has no
   // callback for it).
   absl::Duration poll = absl::Milliseconds(50);
@@ -74,6 +76,8 @@ class DecodeService final : public v1::Decode::Service {
                       v1::CancelResponse* response) override;
   grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest* request,
                       v1::HealthResponse* response) override;
+  grpc::Status OpenKvLink(grpc::ServerContext* context, const v1::OpenKvLinkRequest* request,
+                          v1::OpenKvLinkResponse* response) override;
 
   // What Health answers, for the HTTP /health beside gRPC. Thread-safe.
   v1::HealthResponse HealthNow() const;
@@ -106,6 +110,7 @@ class DecodeService final : public v1::Decode::Service {
   mutable Mutex calls_mu_;
   absl::flat_hash_map<const Call*, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(calls_mu_);
 
+  std::unique_ptr<KvLinks> links_;
   std::unique_ptr<KvTransfers> transfers_;  // last: destroyed first
 };
 

@@ -199,7 +199,8 @@ absl::Status KvTransfers::OpenStream(uint64_t id) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& chunk) {
+absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& chunk,
+                                               const uint8_t* device_rows) {
   std::shared_ptr<Transfer> t;
   absl::Status early;
   Pending pending;
@@ -231,8 +232,9 @@ absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& c
   }
   // Outside the lock: checking and writing a chunk into the blocks takes a while, and the blocks
   // cannot go away meanwhile (End defers the release to us).
-  absl::Status st = chunk.end() ? t->receiver->Finish(chunk)
-                                : t->receiver->Accept(chunk, *t->res.store, t->res.kv_seq);
+  absl::Status st = chunk.end()
+                        ? t->receiver->Finish(chunk)
+                        : t->receiver->Accept(chunk, *t->res.store, t->res.kv_seq, device_rows);
   PushProgress progress;
   progress.chunks = t->receiver->chunks();
   progress.bytes = t->receiver->bytes();

@@ -115,7 +115,9 @@ class KvTransfers {
   // A data chunk or the end message from the bound stream. A refused chunk (any check of
   // KvChunkReceiver, a lease that ran out) aborts the transfer: state failed or expired, blocks
   // freed, and its status is returned here and to whoever waits on it.
-  absl::StatusOr<PushProgress> Push(uint64_t transfer_id, const v1::KvChunk& chunk);
+  // device_rows: a link chunk's payload, received (KvLinks) into the store's memory.
+  absl::StatusOr<PushProgress> Push(uint64_t transfer_id, const v1::KvChunk& chunk,
+                                    const uint8_t* device_rows = nullptr);
   // The stream ended. A transfer that did not complete is aborted (its sender died or gave up):
   // returns that, or what ended the transfer before (an expired lease...); OK once complete.
   absl::Status CloseStream(uint64_t transfer_id, const absl::Status& why);

@@ -21,8 +21,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/compute/cuda/nccl_kv_link.h"
 #include "common/compute/session.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
@@ -55,6 +57,10 @@ ABSL_FLAG(int, block_tokens, 16, "token slots per KV block");
 ABSL_FLAG(int, max_running, 128, "sequences in the continuous batch at most");
 ABSL_FLAG(int, max_tokens_per_step, 256, "forward rows per step (decode tokens + prompt chunks)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
+ABSL_FLAG(std::string, kv_links, "nccl",
+          "KV links (device-to-device payloads, Decode.OpenKvLink) this worker takes, "
+          "comma-separated: nccl (with --backend cuda, in a build with NCCL) | tcp (tests: the "
+          "same protocol over TCP, for a KV out of the host's reach without a GPU) | none");
 ABSL_FLAG(int64_t, lease_ms, 30000,
           "default lease of a KV reservation: freed unless adopted by then (Reserve may ask for "
           "another)");
@@ -132,6 +138,25 @@ int Run(const sigset_t& signals) {
   DecodeServiceOptions so;
   so.transfers.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   so.transfers.max_lease = std::max(so.transfers.max_lease, so.transfers.default_lease);
+  for (absl::string_view kind : absl::StrSplit(absl::GetFlag(FLAGS_kv_links), ',')) {
+    if (kind == "nccl") {
+      so.links.nccl = eo.backend == "cuda" && NcclLinksBuilt();
+    } else if (kind == "tcp") {
+      so.links.tcp = true;
+    } else if (kind != "none" && !kind.empty()) {
+      std::fprintf(stderr, "tripod-decode: --kv_links: unknown kind '%s' (nccl | tcp | none)\n",
+                   std::string(kind).c_str());
+      return 2;
+    }
+  }
+  // A TCP link listens where the gRPC server does.
+  if (const std::string listen = absl::GetFlag(FLAGS_listen);
+      listen.rfind(':') != std::string::npos) {
+    so.links.tcp_host = listen.substr(0, listen.rfind(':'));
+    if (so.links.tcp_host.size() > 2 && so.links.tcp_host.front() == '[') {
+      so.links.tcp_host = so.links.tcp_host.substr(1, so.links.tcp_host.size() - 2);
+    }
+  }
   auto service = std::make_unique<DecodeService>(*engine, decode_metrics, model, so);
   DecodeService* svc = service.get();
   decode_metrics.AddGauges(*engine, service->transfers(), [svc] { return svc->draining(); });

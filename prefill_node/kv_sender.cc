@@ -137,7 +137,7 @@ absl::Status KvSender::Push(v1::KvChunk chunk) {
   chunk.set_seq(next_seq_++);
   if (!stats_.first_handed) stats_.first_handed = std::chrono::steady_clock::now();
   ++stats_.chunks;
-  stats_.bytes += chunk.payload().size();
+  stats_.bytes += chunk.link_id() != 0 ? chunk.link_bytes() : chunk.payload().size();
   queued_bytes_ += size;
   queue_.push_back(std::move(chunk));
   cv_.notify_all();
@@ -153,6 +153,54 @@ absl::Status KvSender::PushRange(KvStore& store, int32_t kv_seq, const KvRange& 
     v1::KvChunk chunk;
     EncodeKvChunk(store, kv_seq, p.layer_begin, p.layer_end, p.slot_begin, p.slot_end, &chunk);
     RETURN_IF_ERROR(Push(std::move(chunk)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvSender::PushRangeOnLink(KvStore& store, int32_t kv_seq, const KvRange& range,
+                                       OpenKvLink& link, absl::Duration timeout) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(StoppedStatus());
+  }
+  const KvLayout l = store.layout();
+  const KvMemory& mem = *link.memory;
+  for (const KvRange& p : SplitKvRange(l, range, kMaxKvChunkPayload)) {
+    const size_t layer_bytes = KvChunkPayloadBytes(l, 1, p.n_slots());
+    const size_t bytes = layer_bytes * p.n_layers();
+    std::lock_guard<std::mutex> hold(link.mu);
+    if (link.failed) return absl::UnavailableError(absl::StrCat("KV link ", link.id, " failed"));
+    if (bytes > link.capacity) {
+      if (link.buffer != nullptr) mem.free(link.buffer);
+      link.buffer = mem.alloc(bytes);
+      link.capacity = link.buffer != nullptr ? bytes : 0;
+      if (link.buffer == nullptr) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("KV link ", link.id, ": no device memory for a payload of ", bytes));
+      }
+    }
+    for (int layer = p.layer_begin; layer < p.layer_end; ++layer) {
+      mem.gather_rows(store.Layer(kv_seq, layer), l.n_kv_heads, l.head_dim, p.slot_begin,
+                      p.slot_end, link.buffer + (layer - p.layer_begin) * layer_bytes);
+    }
+    v1::KvChunk header;
+    header.set_layer_begin(p.layer_begin);
+    header.set_layer_end(p.layer_end);
+    header.set_slot_begin(p.slot_begin);
+    header.set_slot_end(p.slot_end);
+    header.set_dtype(KvDtypeToWire(l.dtype));
+    header.set_link_id(link.id);
+    header.set_link_seq(link.next_seq);
+    header.set_link_bytes(bytes);
+    header.set_link_hash(mem.hash(link.buffer, bytes));
+    RETURN_IF_ERROR(Push(std::move(header)));
+    // Queued: the decode side takes this payload's turn when the header arrives.
+    ++link.next_seq;
+    if (absl::Status st = link.link->Send(link.buffer, bytes, timeout); !st.ok()) {
+      link.failed = true;
+      return absl::UnavailableError(
+          absl::StrCat("KV link ", link.id, " to ", options_.peer, ": ", st.message()));
+    }
   }
   return absl::OkStatus();
 }

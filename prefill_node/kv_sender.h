@@ -28,6 +28,7 @@
 #include "common/kv/kv_snapshot.h"
 #include "common/kv/kv_store.h"
 #include "grpcpp/grpcpp.h"
+#include "prefill_node/kv_link_cache.h"
 #include "prefill_node/kv_sink.h"
 #include "prefill_node/transfer_faults.h"
 #include "tripod/v1/decode.grpc.pb.h"
@@ -79,6 +80,12 @@ class KvSender {
   absl::Status Push(v1::KvChunk chunk);
   // Encodes `range` of kv_seq in `store` into chunks of at most 1 MiB and pushes them: a KvSink.
   absl::Status PushRange(KvStore& store, int32_t kv_seq, const KvRange& range);
+  // The same with the payloads on `link` (device to device): each chunk's rows gathered into the
+  // link's buffer, its header (link fields, no payload) pushed, then the payload sent on the link
+  // in link_seq order, waiting at most `timeout`. A link that fails is marked so (link.failed) and
+  // the push fails UNAVAILABLE. The store's memory is link.memory. Engine thread.
+  absl::Status PushRangeOnLink(KvStore& store, int32_t kv_seq, const KvRange& range,
+                               OpenKvLink& link, absl::Duration timeout);
   // Queues the end message (totals of what was pushed), waits for the acknowledgement (bounded
   // by options.ack_timeout: DEADLINE_EXCEEDED, and the call cancelled), returns it. Once.
   absl::StatusOr<v1::PushKvResponse> Finish();

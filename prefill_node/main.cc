@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/compute/cuda/nccl_kv_link.h"
 #include "common/compute/session.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
@@ -31,6 +32,7 @@
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "grpcpp/grpcpp.h"
+#include "prefill_node/kv_link_cache.h"
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_service.h"
 #include "prefill_node/prefill_worker.h"
@@ -64,6 +66,13 @@ ABSL_FLAG(int, send_stall_ms, 10000,
           "scheduler moves the request, rather than holding this worker's engine)");
 ABSL_FLAG(int, send_buffer_mb, 64,
           "encoded KV waiting for the network per transfer, at most (the forward then waits)");
+ABSL_FLAG(std::string, kv_link, "auto",
+          "where KV payloads travel: auto (an NCCL link, GPU to GPU, when this worker and the "
+          "decode worker keep their KV on GPUs; else in the PushKv messages) | none | nccl | tcp "
+          "(tests: the link's protocol over TCP, for a KV out of the host's reach without a GPU)");
+ABSL_FLAG(int, kv_link_timeout_ms, 30000,
+          "a KV link's set-up, and one payload on it, at most; a link that fails is not tried "
+          "again for a minute (the transfer fails and is retried by the scheduler)");
 ABSL_FLAG(std::string, inject_transfer_faults, "",
           "TESTING ONLY: drop, corrupt or delay KV chunks on their way to the decode worker, "
           "e.g. drop=0.02,corrupt=0.02,delay=0.05,delay_ms=300,seed=1 (tests/chaos/)");
@@ -145,6 +154,41 @@ absl::Status Serve(const sigset_t& signals) {
           [injector = wo.transfer.faults, f] { return static_cast<double>(injector->count(f)); });
     }
   }
+  ASSIGN_OR_RETURN(const KvLinkMode link_mode, ParseKvLinkMode(absl::GetFlag(FLAGS_kv_link)));
+  const std::optional<KvMemory> kv_memory = engine->backend().DeviceKvMemory();
+  const bool nccl = options.backend == "cuda" && NcclLinksBuilt();
+  if (link_mode == KvLinkMode::kNccl && !nccl) {
+    return absl::InvalidArgumentError("--kv_link=nccl needs --backend cuda and a build with NCCL");
+  }
+  if (link_mode == KvLinkMode::kTcp && (!kv_memory || !kv_memory->gather_rows)) {
+    return absl::InvalidArgumentError(
+        "--kv_link=tcp needs a KV out of the host's memory (--backend cuda or cpu-guarded-kv)");
+  }
+  if (absl::GetFlag(FLAGS_kv_link_timeout_ms) <= 0) {
+    return absl::InvalidArgumentError("--kv_link_timeout_ms must be positive");
+  }
+  KvLinkCacheOptions lo;
+  lo.mode = link_mode;
+  lo.nccl = nccl;
+  lo.open_timeout = lo.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_link_timeout_ms));
+  metrics::Counter& fallbacks = registry.AddCounter(
+      "tripod:kv_link_fallbacks_total",
+      "KV transfers that could have taken a KV link (device to device) and sent their payloads "
+      "in the PushKv messages: the decode worker offered none, or the link failed",
+      {{"role", "prefill"}});
+  metrics::Counter& on_nccl = registry.AddCounter("tripod:kv_link_transfers_total",
+                                                  "KV transfers whose payloads took a KV link",
+                                                  {{"role", "prefill"}, {"kind", "nccl"}});
+  metrics::Counter& on_tcp = registry.AddCounter("tripod:kv_link_transfers_total",
+                                                 "KV transfers whose payloads took a KV link",
+                                                 {{"role", "prefill"}, {"kind", "tcp"}});
+  wo.transfer.links = std::make_shared<KvLinkCache>(
+      lo, kv_memory ? &*kv_memory : nullptr, engine->kv_dtype(),
+      [&on_nccl, &on_tcp](const char* kind) {
+        (std::string_view(kind) == "nccl" ? on_nccl : on_tcp).Inc();
+      },
+      [&fallbacks](const std::string&) { fallbacks.Inc(); });
+  wo.transfer.link_timeout = lo.io_timeout;
   PrefillWorker worker(*engine, &registry, wo);
   PrefillService service(worker, model);
 

@@ -31,7 +31,8 @@ RunnerResult RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
   so.peer = job.decode_address;
   so.faults = options.faults.get();
   // Shared with the finish below, which may outlive this call.
-  auto sender = std::make_shared<KvSender>(channels.Get(job.decode_address), job.transfer_id, so);
+  const std::shared_ptr<grpc::Channel> channel = channels.Get(job.decode_address);
+  auto sender = std::make_shared<KvSender>(channel, job.transfer_id, so);
   absl::StatusOr<PrefillResult> r;
   {
     // A cancel wakes a Push blocked on the network, and ends the call.
@@ -40,8 +41,18 @@ RunnerResult RunPrefillJob(PrefillEngine& engine, ChannelCache& channels,
       PrefillRun run;
       run.plan = &job.plan;
       run.cancel = &cancel.flag();
-      run.sink = [&sender](KvStore& store, int32_t kv_seq, const KvRange& range) {
-        return sender->PushRange(store, kv_seq, range);
+      // A link (device to device) when this worker's KV is on a device and one is open or
+      // opens now; fault injection tests the PushKv path only.
+      std::shared_ptr<OpenKvLink> link;
+      if (options.links != nullptr && options.links->enabled() && options.faults == nullptr) {
+        link = options.links->Get(job.decode_address, channel);
+      }
+      run.sink = [&sender, &link, &options](KvStore& store, int32_t kv_seq, const KvRange& range) {
+        if (link == nullptr) return sender->PushRange(store, kv_seq, range);
+        absl::Status st =
+            sender->PushRangeOnLink(store, kv_seq, range, *link, options.link_timeout);
+        if (!st.ok() && link->failed) options.links->Failed(link, st);
+        return st;
       };
       r = engine.Run(job.prompt, run);
     } else {

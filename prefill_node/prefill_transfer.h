@@ -9,6 +9,7 @@
 
 #include "prefill_node/cancel_token.h"
 #include "prefill_node/channel_cache.h"
+#include "prefill_node/kv_link_cache.h"
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_queue.h"
 #include "prefill_node/transfer_faults.h"
@@ -20,6 +21,9 @@ struct TransferOptions {
   std::chrono::milliseconds ack_timeout{30000};    // end message -> acknowledgement, at most
   std::chrono::milliseconds stall_timeout{10000};  // a full send buffer waited on, at most
   std::shared_ptr<TransferFaultInjector> faults;   // test-only (transfer_faults.h); null: none
+  // KV links (device to device) for untrimmed KV; null or disabled: payloads in PushKv messages.
+  std::shared_ptr<KvLinkCache> links;
+  absl::Duration link_timeout = absl::Seconds(30);  // one payload on a link, at most
 };
 
 // Runs `job` on `engine` (engine thread) and streams its KV to job.decode_address. Cancelling

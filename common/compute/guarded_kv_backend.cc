@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_staging.h"
 
 namespace tripod {
@@ -188,6 +189,17 @@ class GuardedKvBackend final : public Backend {
                        const KvLayerRef& ref) {
       WriteKvRows(rows, heads, head_dim, s0, s1, r->Rw(ref));
     };
+    m.gather_rows = [r](const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
+                        uint8_t* rows) {
+      const size_t n = 2 * size_t{1} * heads * (s1 - s0) * KvRowBytes(ref.dtype, head_dim);
+      ReadKvRows(r->Rw(ref), heads, head_dim, s0, s1, r->Rw(rows, n));
+    };
+    m.scatter_rows = [r](const uint8_t* rows, int heads, int head_dim, int s0, int s1,
+                         const KvLayerRef& ref) {
+      const size_t n = 2 * size_t{1} * heads * (s1 - s0) * KvRowBytes(ref.dtype, head_dim);
+      WriteKvRows(r->Rw(rows, n), heads, head_dim, s0, s1, r->Rw(ref));
+    };
+    m.hash = [r](const uint8_t* p, size_t n) { return KvLinkHash(r->Rw(p, n), n); };
     return m;
   }
 

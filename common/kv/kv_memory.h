@@ -35,6 +35,16 @@ struct KvMemory {
   std::function<void(const uint8_t* host_rows, int n_kv_heads, int head_dim, int slot_begin,
                      int slot_end, const KvLayerRef& ref)>
       write_rows;
+
+  // Optional, for a KV link (device to device): the same rows gathered into, or scattered from,
+  // a buffer of this memory (alloc's) rather than the host; and KvLinkHash of such a buffer.
+  std::function<void(const KvLayerRef& ref, int n_kv_heads, int head_dim, int slot_begin,
+                     int slot_end, uint8_t* rows)>
+      gather_rows;
+  std::function<void(const uint8_t* rows, int n_kv_heads, int head_dim, int slot_begin,
+                     int slot_end, const KvLayerRef& ref)>
+      scatter_rows;
+  std::function<uint64_t(const uint8_t* bytes, size_t n)> hash;
 };
 
 }  // namespace tripod

@@ -155,12 +155,19 @@ absl::Status KvChunkReceiver::Check(const v1::KvChunk& c, KvDtype* src_type) con
   const int n_layers = c.layer_end() - c.layer_begin();
   const int n_slots = c.slot_end() - c.slot_begin();
   const size_t want = KvChunkPayloadBytes(src, n_layers, n_slots);
-  if (c.payload().size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": the payload holds ",
-                                                   c.payload().size(), " bytes, its ranges need ",
-                                                   want, " of ", KvDtypeName(*src_type)));
+  const bool on_link = c.link_id() != 0;
+  const size_t holds = on_link ? c.link_bytes() : c.payload().size();
+  if (holds != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, on_link ? ": the link payload holds " : ": the payload holds ", holds,
+                     " bytes, its ranges need ", want, " of ", KvDtypeName(*src_type)));
   }
-  if (XXH3_64bits(c.payload().data(), c.payload().size()) != c.xxh3()) {
+  if (on_link && !c.payload().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": a payload both in the message and on a link"));
+  }
+  // A link payload's checksum (KvLinkHash) was checked by whoever received it.
+  if (!on_link && XXH3_64bits(c.payload().data(), c.payload().size()) != c.xxh3()) {
     return absl::DataLossError(absl::StrCat(where, ": checksum mismatch (XXH3-64)"));
   }
   const bool trimmed = c.kept_positions_size() > 0;
@@ -211,11 +218,18 @@ absl::Status KvChunkReceiver::Check(const v1::KvChunk& c, KvDtype* src_type) con
   return absl::OkStatus();
 }
 
-absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32_t kv_seq) {
+absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32_t kv_seq,
+                                     const uint8_t* device_rows) {
   if (c.end()) {
     failed_ = true;
     return absl::InvalidArgumentError(
         absl::StrCat(Where(c), ": an end message where a data chunk was expected"));
+  }
+  if ((c.link_id() != 0) != (device_rows != nullptr)) {
+    failed_ = true;
+    return absl::InvalidArgumentError(absl::StrCat(
+        Where(c), c.link_id() != 0 ? ": a link payload that was not received"
+                                   : ": device rows for a chunk that carries its payload"));
   }
   KvDtype src_type;
   if (absl::Status st = Check(c, &src_type); !st.ok()) {
@@ -223,6 +237,22 @@ absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32
     return st;
   }
   const KvLayout dst = store.layout();
+  if (device_rows != nullptr) {
+    const KvMemory* mem = store.memory();
+    if (src_type != dst.dtype || mem == nullptr || !mem->scatter_rows) {
+      failed_ = true;
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(c), ": a link payload of ", KvDtypeName(src_type),
+          " rows for a store that cannot take them as they are (", KvDtypeName(dst.dtype), ")"));
+    }
+    const size_t layer_bytes = KvChunkPayloadBytes(dst, 1, c.slot_end() - c.slot_begin());
+    for (int l = c.layer_begin(); l < c.layer_end(); ++l, device_rows += layer_bytes) {
+      mem->scatter_rows(device_rows, dst.n_kv_heads, dst.head_dim, c.slot_begin(), c.slot_end(),
+                        store.Layer(kv_seq, l));
+    }
+    Record(c, c.link_bytes());
+    return absl::OkStatus();
+  }
   const size_t src_row = KvRowBytes(src_type, layout_.head_dim);
   const uint8_t* in = reinterpret_cast<const uint8_t*>(c.payload().data());
   const int n = c.slot_end() - c.slot_begin();
@@ -242,7 +272,12 @@ absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32
     }
     WriteLayerRows(rows, store, kv_seq, l, c.slot_begin(), c.slot_end());
   }
-  // Recorded only once the whole chunk is in.
+  Record(c, c.payload().size());
+  return absl::OkStatus();
+}
+
+// Recorded only once the whole chunk is in.
+void KvChunkReceiver::Record(const v1::KvChunk& c, size_t payload_bytes) {
   const bool trimmed = c.kept_positions_size() > 0;
   if (trimmed_ < 0) trimmed_ = trimmed ? 1 : 0;
   if (expected_dtype_ == v1::KV_DTYPE_UNSPECIFIED) expected_dtype_ = c.dtype();
@@ -262,8 +297,7 @@ absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32
   }
   for (int l = c.layer_begin(); l < c.layer_end(); ++l) next_slot_[l] = c.slot_end();
   ++next_seq_;
-  bytes_ += c.payload().size();
-  return absl::OkStatus();
+  bytes_ += payload_bytes;
 }
 
 absl::Status KvChunkReceiver::Finish(const v1::KvChunk& end) {

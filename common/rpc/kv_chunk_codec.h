@@ -60,8 +60,12 @@ class KvChunkReceiver {
                   v1::KvDtype expected_dtype = v1::KV_DTYPE_UNSPECIFIED,
                   std::vector<int32_t> layer_first = {});
 
-  // Checks a data chunk and writes it into slots of kv_seq in `store` (which holds n_slots).
-  absl::Status Accept(const v1::KvChunk& chunk, KvStore& store, int32_t kv_seq);
+  // Checks a data chunk and writes it into slots of kv_seq in `store` (which holds n_slots). A
+  // chunk whose payload came on a KV link (link_id set) passes it as device_rows: the payload's
+  // rows in the store's memory, already checked against link_hash, of the store's element type
+  // (scattered as they are by the memory's scatter_rows).
+  absl::Status Accept(const v1::KvChunk& chunk, KvStore& store, int32_t kv_seq,
+                      const uint8_t* device_rows = nullptr);
   // Checks the end message: its number, the totals against what was accepted, and that every
   // layer's slots all arrived.
   absl::Status Finish(const v1::KvChunk& end);
@@ -75,6 +79,8 @@ class KvChunkReceiver {
 
  private:
   absl::Status Check(const v1::KvChunk& c, KvDtype* src_type) const;
+  // Books an accepted chunk: its ranges, positions, number and bytes.
+  void Record(const v1::KvChunk& c, size_t payload_bytes);
 
   uint64_t transfer_id_;
   KvLayout layout_;

@@ -11,12 +11,18 @@ block copy, trimmed KV with a first slot per layer. A byte touched directly kill
     prefix cache and copies that one on the "device", with the same tokens;
   * PyramidKV's trimmed KV into a guarded reservation: the in-process path's tokens;
   * the scheduler over guarded workers, through the `openai` client, streamed: the reference text;
+  * KV links (Decode.OpenKvLink; the payloads device to device, beside their PushKv headers): the
+    TCP link, NCCL's protocol without a GPU, gives the reference tokens with every payload on the
+    link; a decode worker that offers no link (its KV on the CPU, or no TCP links) gets the
+    payloads in the PushKv messages, counted as fallbacks; several transfers share one link in
+    order;
   * every block free at the end, and no worker died.
 """
 
 import json
 import os
 import subprocess
+import threading
 
 import openai
 import pytest
@@ -39,7 +45,7 @@ def workers():
     hp = cl.prefill(name="prefill-cpu", pop_ratio="0", chunk=40, **common)
     hd = cl.decode(name="decode-cpu", kv_budget_mb=64, **common)
     yield cl, gp, gd, hp, hd
-    for w in (gp, gd, hp, hd):
+    for w in cl.workers:
       assert w.proc.poll() is None, f"{w.name} died: see {w.log_path}"
 
 
@@ -127,3 +133,91 @@ def test_the_scheduler_streams_the_reference_text_from_guarded_workers(workers):
     text += chunk.choices[0].text if chunk.choices else ""
   assert text == json.loads(body)["prompt"]
   C.wait_until(lambda: C.all_blocks_free(gd), 30, "all KV blocks free")
+
+
+def metric(worker, name, labels=""):
+  """A sample's value from the worker's /metrics: the first of `name` whose labels hold `labels`."""
+  _, body = worker.http_get("/metrics")
+  for line in body.splitlines():
+    if (line.startswith(name + "{") or line.startswith(name + " ")) and labels in line:
+      return float(line.rsplit(" ", 1)[1])
+  return 0.0
+
+
+@pytest.fixture(scope="module")
+def linked(workers):
+  """A guarded prefill worker that sends payloads on TCP links, and a guarded decode worker that
+  takes them."""
+  cl = workers[0]
+  common = dict(threads=1, precision="fp32")
+  lp = cl.prefill(name="prefill-link", backend=GUARDED, pop_ratio="0", chunk=40, kv_link="tcp",
+                  **common)
+  ld = cl.decode(name="decode-link", backend=GUARDED, kv_budget_mb=64, kv_links="tcp", **common)
+  return lp, ld
+
+
+def test_payloads_take_the_tcp_link_and_give_the_reference_tokens(linked):
+  lp, ld = linked
+  prompt = C.corpus_prompt(300, offset=1500)
+  want = C.reference_tokens(prompt, MAX_TOKENS, precision="fp32")
+  tokens, _, run = C.disaggregated(lp, ld, prompt, max_tokens=MAX_TOKENS, request_id=60)
+  assert tokens == want
+  assert metric(lp, "tripod:kv_link_transfers_total", 'kind="tcp"') == 1
+  assert metric(lp, "tripod:kv_link_fallbacks_total") == 0
+  # Every payload byte came, and was counted, though no PushKv message carried one.
+  assert run.bytes_sent == 299 * 30 * 2 * 3 * 64 * 4  # slots x layers x K,V x heads x dim x f32
+  with open(ld.log_path) as f:
+    assert "KV link" in f.read()
+  C.wait_until(lambda: C.all_blocks_free(ld), 30, "all KV blocks free")
+
+
+def test_transfers_in_a_row_and_at_once_share_the_link_in_order(linked):
+  lp, ld = linked
+  prompts = [C.corpus_prompt(n, offset=2000 + 7 * n) for n in (90, 200, 41)]
+  wants = [C.reference_tokens(p, MAX_TOKENS, precision="fp32") for p in prompts]
+  got = [None] * len(prompts)
+  errors = []
+
+  def one(i):
+    try:
+      got[i] = C.disaggregated(lp, ld, prompts[i], max_tokens=MAX_TOKENS, request_id=70 + i)[0]
+    except Exception as e:  # noqa: BLE001 (reported below)
+      errors.append(e)
+
+  threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(timeout=C.CALL_TIMEOUT_S)
+  assert not errors and got == wants
+  assert metric(lp, "tripod:kv_link_transfers_total", 'kind="tcp"') == 4
+  C.wait_until(lambda: C.all_blocks_free(ld), 30, "all KV blocks free")
+
+
+def test_a_decode_worker_without_links_gets_the_payloads_in_pushkv(workers, linked):
+  """The CPU decode worker (KV in host memory) and the guarded one that takes no TCP links both
+  refuse the link; the transfer goes as always, counted as a fallback, and the refusal is
+  remembered (one fallback per transfer, one OpenKvLink per worker)."""
+  _, _, gd, _, hd = workers
+  lp, _ = linked
+  prompt = C.corpus_prompt(120, offset=3000)
+  want = C.reference_tokens(prompt, MAX_TOKENS, precision="fp32")
+  for i, decode in enumerate((hd, gd, hd)):
+    tokens, _, run = C.disaggregated(lp, decode, prompt, max_tokens=MAX_TOKENS,
+                                     request_id=80 + i)
+    assert tokens == want and run.bytes_sent > 0
+    assert metric(lp, "tripod:kv_link_fallbacks_total") == i + 1
+  with open(lp.log_path) as f:
+    log = f.read()
+  assert log.count("no KV link to") == 2  # once per decode worker, then remembered
+  assert "keeps its KV in host memory" in log and "takes no TCP links" in log
+
+
+def test_prefill_refuses_link_modes_it_cannot_hold(tmp_path):
+  for args, words in [(["--kv_link=tcp"], "--kv_link=tcp needs a KV out of the host"),
+                      (["--kv_link=nccl", f"--backend={GUARDED}"], "--kv_link=nccl needs"),
+                      (["--kv_link=fast"], "unknown KV link mode 'fast'")]:
+    r = subprocess.run([C.binary("prefill"), f"--model={C.MODEL}", "--listen=127.0.0.1:0",
+                        "--http_listen=127.0.0.1:0", *args],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and words in r.stderr, (args, r.stderr[-2000:])

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/compute/cuda/cuda_kernels.h"
+#include "common/kv/kv_link_hash.h"
 #include "common/model/quant_types.h"
 
 namespace tripod {
@@ -116,8 +117,9 @@ cuda::KvView ViewWithoutTable(const KvLayerRef& kv, int head_dim) {
 // KvMemory::read_rows / write_rows: the blocks that hold the slots get a device table of their
 // own, the rows one scratch buffer, all on the calling thread's default stream (any thread: the
 // backend's state is not touched), waited for.
+// rows: host memory (staged through a device scratch buffer) or, device_rows, device memory.
 void KvRowsThroughDevice(const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
-                         uint8_t* host_rows, bool read) {
+                         uint8_t* host_rows, bool read, bool device_rows = false) {
   if (s1 <= s0) return;
   const int bt = ref.block_tokens;
   const int b0 = s0 / bt, b1 = (s1 - 1) / bt;
@@ -126,9 +128,9 @@ void KvRowsThroughDevice(const KvLayerRef& ref, int heads, int head_dim, int s0,
   const size_t bytes = 2 * size_t{1} * heads * (s1 - s0) * KvRowBytes(ref.dtype, head_dim);
   cudaStream_t st = cudaStreamPerThread;
   void* scratch = nullptr;
-  TRIPOD_CUDA_CHECK(cudaMallocAsync(&scratch, table_bytes + bytes, st));
+  TRIPOD_CUDA_CHECK(cudaMallocAsync(&scratch, table_bytes + (device_rows ? 0 : bytes), st));
   int32_t* table = static_cast<int32_t*>(scratch);
-  uint8_t* rows = static_cast<uint8_t*>(scratch) + table_bytes;
+  uint8_t* rows = device_rows ? host_rows : static_cast<uint8_t*>(scratch) + table_bytes;
   TRIPOD_CUDA_CHECK(cudaMemcpyAsync(table, ref.block_ids + b0, n_blocks * sizeof(int32_t),
                                     cudaMemcpyHostToDevice, st));
   cuda::KvView v = ViewWithoutTable(ref, head_dim);
@@ -136,9 +138,13 @@ void KvRowsThroughDevice(const KvLayerRef& ref, int heads, int head_dim, int s0,
   const int slot0 = s0 - b0 * bt;
   if (read) {
     cuda::PackKvRows(v, heads, head_dim, slot0, s1 - s0, rows, st);
-    TRIPOD_CUDA_CHECK(cudaMemcpyAsync(host_rows, rows, bytes, cudaMemcpyDeviceToHost, st));
+    if (!device_rows) {
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(host_rows, rows, bytes, cudaMemcpyDeviceToHost, st));
+    }
   } else {
-    TRIPOD_CUDA_CHECK(cudaMemcpyAsync(rows, host_rows, bytes, cudaMemcpyHostToDevice, st));
+    if (!device_rows) {
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(rows, host_rows, bytes, cudaMemcpyHostToDevice, st));
+    }
     cuda::UnpackKvRows(rows, heads, head_dim, slot0, s1 - s0, v, st);
   }
   TRIPOD_CUDA_CHECK(cudaFreeAsync(scratch, st));
@@ -432,6 +438,26 @@ class CudaBackend final : public Backend {
     m.write_rows = [](const uint8_t* rows, int heads, int head_dim, int s0, int s1,
                       const KvLayerRef& ref) {
       KvRowsThroughDevice(ref, heads, head_dim, s0, s1, const_cast<uint8_t*>(rows), false);
+    };
+    m.gather_rows = [](const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
+                       uint8_t* rows) {
+      KvRowsThroughDevice(ref, heads, head_dim, s0, s1, rows, true, /*device_rows=*/true);
+    };
+    m.scatter_rows = [](const uint8_t* rows, int heads, int head_dim, int s0, int s1,
+                        const KvLayerRef& ref) {
+      KvRowsThroughDevice(ref, heads, head_dim, s0, s1, const_cast<uint8_t*>(rows), false,
+                          /*device_rows=*/true);
+    };
+    m.hash = [](const uint8_t* p, size_t n) {
+      cudaStream_t st = cudaStreamPerThread;
+      void* sum = nullptr;
+      TRIPOD_CUDA_CHECK(cudaMallocAsync(&sum, sizeof(unsigned long long), st));
+      cuda::LinkHashSum(p, n, static_cast<unsigned long long*>(sum), st);
+      unsigned long long host = 0;
+      TRIPOD_CUDA_CHECK(cudaMemcpyAsync(&host, sum, sizeof(host), cudaMemcpyDeviceToHost, st));
+      TRIPOD_CUDA_CHECK(cudaFreeAsync(sum, st));
+      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(st));
+      return KvLinkFinish(host, n);
     };
     return m;
   }

@@ -72,6 +72,9 @@ void PackKvRows(const KvView& kv, int n_kv_heads, int head_dim, int slot0, int n
                 cudaStream_t s);
 void UnpackKvRows(const uint8_t* rows, int n_kv_heads, int head_dim, int slot0, int n,
                   const KvView& kv, cudaStream_t s);
+// KvLinkHash's sum of terms (common/kv/kv_link_hash.h) of `bytes` at p into *sum (device memory),
+// before KvLinkFinish.
+void LinkHashSum(const uint8_t* p, uint64_t bytes, unsigned long long* sum, cudaStream_t s);
 
 // Attention of up to kMaxAttnSeqs sequences in one launch (their descriptors travel as the
 // kernel's parameters: no upload, and a decode step stays one launch per layer).

@@ -4,6 +4,9 @@
 // from it, instead of staging every block of a scattered block table.
 #include "common/compute/cuda/cuda_kernels.h"
 #include "common/compute/cuda/kv_address.cuh"
+#include "common/kv/kv_link_hash.h"
+
+#include <algorithm>
 
 namespace tripod::cuda {
 namespace {
@@ -32,7 +35,41 @@ __global__ void KvRowsKernel(KvView kv, int n_kv_heads, int head_dim, int slot0,
   }
 }
 
+// KvLinkHash's sum: each thread sums its words' terms, a block reduces them, one atomic add per
+// block (the sum is modulo 2^64, so the order does not matter).
+__global__ void LinkHashKernel(const uint8_t* p, uint64_t bytes, unsigned long long* sum) {
+  __shared__ unsigned long long part[256];
+  const uint64_t words = (bytes + 7) / 8;
+  unsigned long long acc = 0;
+  for (uint64_t i = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x; i < words;
+       i += uint64_t{gridDim.x} * blockDim.x) {
+    uint64_t w = 0;
+    const uint64_t at = i * 8;
+    if (at + 8 <= bytes && (reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+      w = *reinterpret_cast<const uint64_t*>(p + at);
+    } else {
+      for (uint64_t b = 0; b < 8 && at + b < bytes; ++b) w |= uint64_t{p[at + b]} << (8 * b);
+    }
+    acc += KvLinkTerm(w, i);
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) atomicAdd(sum, part[0]);
+}
+
 }  // namespace
+
+void LinkHashSum(const uint8_t* p, uint64_t bytes, unsigned long long* sum, cudaStream_t s) {
+  cudaMemsetAsync(sum, 0, sizeof(*sum), s);
+  if (bytes == 0) return;
+  const uint64_t words = (bytes + 7) / 8;
+  const int blocks = static_cast<int>(std::min<uint64_t>((words + 255) / 256, 1024));
+  LinkHashKernel<<<blocks, 256, 0, s>>>(p, bytes, sum);
+}
 
 void PackKvRows(const KvView& kv, int n_kv_heads, int head_dim, int slot0, int n, uint8_t* rows,
                 cudaStream_t s) {

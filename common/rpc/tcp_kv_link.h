@@ -1,0 +1,40 @@
+// The TCP KvLink: the KV link's protocol (Decode.OpenKvLink, payloads in link order beside their
+// PushKv headers, KvLinkHash) over a plain TCP connection, for machines without GPUs, where NCCL
+// cannot run: the payload is copied out of device memory (the store's KvMemory) at the sending end
+// and into it at the receiving end. The decode worker listens (one port per link, one connection,
+// which must first name the link), the prefill worker connects.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/kv/kv_memory.h"
+#include "common/rpc/kv_link.h"
+
+namespace tripod {
+
+class TcpKvLinkListener {
+ public:
+  // Listens on an ephemeral port of `host` (an address of this machine).
+  static absl::StatusOr<std::unique_ptr<TcpKvLinkListener>> Listen(const std::string& host);
+  ~TcpKvLinkListener();
+  int port() const { return port_; }
+  // Waits at most `timeout` for the connection that names `link_id`, and makes it a link whose
+  // payloads move through `memory`'s copies (which must outlive it).
+  absl::StatusOr<std::unique_ptr<KvLink>> Accept(uint64_t link_id, const KvMemory& memory,
+                                                 absl::Duration timeout);
+
+ private:
+  TcpKvLinkListener(int fd, int port) : fd_(fd), port_(port) {}
+  int fd_;
+  int port_;
+};
+
+absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host, int port,
+                                                         uint64_t link_id, const KvMemory& memory,
+                                                         absl::Duration timeout);
+
+}  // namespace tripod

@@ -1,0 +1,174 @@
+// KvLinks; see kv_links.h.
+#include "decode_node/kv_links.h"
+
+#include <random>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/compute/cuda/nccl_kv_link.h"
+#include "common/rpc/kv_chunk_codec.h"
+#include "common/rpc/tcp_kv_link.h"
+
+namespace tripod {
+
+struct KvLinks::Link {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unique_ptr<KvLink> link;  // set once the other end joined
+  absl::Status failed;           // set-up or a payload failed: the link is gone
+  uint64_t next_seq = 0;         // the next payload's link_seq
+  uint8_t* buffer = nullptr;     // device memory for one payload, grown as needed
+  size_t capacity = 0;
+};
+
+KvLinks::KvLinks(const KvLinksOptions& options, const KvMemory* memory, KvDtype dtype)
+    : options_(options), memory_(memory), dtype_(dtype), next_id_(std::random_device{}() | 1) {}
+
+KvLinks::~KvLinks() {
+  for (std::thread& t : setups_) t.join();
+  for (auto& [id, l] : links_) {
+    if (l->buffer != nullptr) memory_->free(l->buffer);
+  }
+}
+
+int KvLinks::open_links() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int>(links_.size());
+}
+
+absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest& req) {
+  const bool nccl = req.kind() == v1::KV_LINK_NCCL, tcp = req.kind() == v1::KV_LINK_TCP;
+  if (!nccl && !tcp) {
+    return absl::InvalidArgumentError("OpenKvLink: no such link kind");
+  }
+  if (memory_ == nullptr || !memory_->gather_rows || !memory_->scatter_rows || !memory_->hash) {
+    return absl::FailedPreconditionError(
+        "OpenKvLink: this decode worker keeps its KV in host memory (--backend cpu): payloads "
+        "travel in the PushKv messages");
+  }
+  if (nccl && !options_.nccl) {
+    return absl::FailedPreconditionError(
+        NcclLinksBuilt() ? "OpenKvLink: this decode worker's KV is not in a GPU's memory"
+                         : "OpenKvLink: this decode worker was built without NCCL");
+  }
+  if (tcp && !options_.tcp) {
+    return absl::FailedPreconditionError(
+        "OpenKvLink: this decode worker takes no TCP links (--kv_links)");
+  }
+  KvDtype theirs;
+  if (!KvDtypeFromWire(req.kv_dtype(), &theirs) || theirs != dtype_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "OpenKvLink: the prefill worker's KV type is not this worker's (", KvDtypeName(dtype_),
+        "): rows are converted on landing, which only PushKv payloads do"));
+  }
+  v1::OpenKvLinkResponse resp;
+  resp.set_open_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.open_timeout)));
+  auto link = std::make_shared<Link>();
+  std::string nccl_id;
+  std::unique_ptr<TcpKvLinkListener> listener;
+  if (nccl) {
+    absl::StatusOr<std::string> id = NewNcclLinkId();
+    if (!id.ok()) return absl::FailedPreconditionError(id.status().message());
+    nccl_id = *id;
+    resp.set_nccl_unique_id(nccl_id);
+  } else {
+    absl::StatusOr<std::unique_ptr<TcpKvLinkListener>> l =
+        TcpKvLinkListener::Listen(options_.tcp_host);
+    if (!l.ok()) return absl::FailedPreconditionError(l.status().message());
+    listener = std::move(*l);
+    resp.set_tcp_port(listener->port());
+  }
+  uint64_t id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Drop links that failed (their set-up threads are done with them).
+    for (auto it = links_.begin(); it != links_.end();) {
+      std::lock_guard<std::mutex> l(it->second->mu);
+      it = it->second->failed.ok() ? std::next(it) : links_.erase(it);
+    }
+    if (static_cast<int>(links_.size()) >= options_.max_links) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("OpenKvLink: ", links_.size(), " links are open already"));
+    }
+    id = next_id_;
+    next_id_ += 2;
+    links_[id] = link;
+    resp.set_link_id(id);
+    // The other end joins in the background; Receive waits for it.
+    setups_.emplace_back([this, link, id, nccl_id,
+                          listener = std::shared_ptr<TcpKvLinkListener>(std::move(listener))] {
+      absl::StatusOr<std::unique_ptr<KvLink>> made =
+          listener ? listener->Accept(id, *memory_, options_.open_timeout)
+                   : OpenNcclLink(nccl_id, /*rank=*/1, options_.open_timeout);
+      std::lock_guard<std::mutex> lock(link->mu);
+      if (made.ok()) {
+        link->link = std::move(*made);
+      } else {
+        link->failed = absl::UnavailableError(
+            absl::StrCat("KV link ", id, " was never joined: ", made.status().message()));
+      }
+      link->cv.notify_all();
+    });
+  }
+  return resp;
+}
+
+std::shared_ptr<KvLinks::Link> KvLinks::Find(uint64_t id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = links_.find(id);
+  return it == links_.end() ? nullptr : it->second;
+}
+
+absl::Status KvLinks::Receive(const v1::KvChunk& h,
+                              const std::function<absl::Status(const uint8_t* rows)>& use) {
+  std::shared_ptr<Link> l = Find(h.link_id());
+  if (l == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("chunk ", h.seq(), ": no KV link ", h.link_id(), " on this decode worker"));
+  }
+  std::unique_lock<std::mutex> lock(l->mu);
+  const absl::Time deadline = absl::Now() + options_.io_timeout;
+  // The link's set-up, then this payload's turn.
+  while (l->failed.ok() && (l->link == nullptr || l->next_seq != h.link_seq())) {
+    if (h.link_seq() < l->next_seq) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk ", h.seq(), ": link payload ", h.link_seq(), " came already"));
+    }
+    if (l->cv.wait_until(lock, absl::ToChronoTime(deadline)) == std::cv_status::timeout &&
+        absl::Now() >= deadline) {
+      l->failed = absl::UnavailableError(absl::StrCat(
+          "KV link ", h.link_id(), ": payload ", h.link_seq(), "'s turn never came (waiting for ",
+          l->link == nullptr ? "the set-up" : absl::StrCat("payload ", l->next_seq), ")"));
+      l->cv.notify_all();
+    }
+  }
+  if (!l->failed.ok()) return l->failed;
+  const size_t bytes = h.link_bytes();
+  if (bytes > l->capacity) {
+    if (l->buffer != nullptr) memory_->free(l->buffer);
+    l->buffer = memory_->alloc(bytes);
+    l->capacity = l->buffer != nullptr ? bytes : 0;
+    if (l->buffer == nullptr) {
+      l->failed = absl::ResourceExhaustedError(
+          absl::StrCat("KV link ", h.link_id(), ": no device memory for a payload of ", bytes));
+      l->cv.notify_all();
+      return l->failed;
+    }
+  }
+  if (absl::Status st = l->link->Recv(l->buffer, bytes, options_.io_timeout); !st.ok()) {
+    l->failed = st;
+    l->cv.notify_all();
+    return st;
+  }
+  ++l->next_seq;
+  l->cv.notify_all();
+  if (memory_->hash(l->buffer, bytes) != h.link_hash()) {
+    // The bytes arrived whole, in order, and are wrong: this chunk fails, the link goes on.
+    return absl::DataLossError(
+        absl::StrCat("chunk ", h.seq(), ": checksum mismatch (KvLinkHash of the link payload)"));
+  }
+  // Still under the link's lock: the buffer is the next payload's as soon as it is let go.
+  return use(l->buffer);
+}
+
+}  // namespace tripod

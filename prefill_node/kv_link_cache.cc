@@ -1,0 +1,121 @@
+// KvLinkCache; see kv_link_cache.h.
+#include "prefill_node/kv_link_cache.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/compute/cuda/nccl_kv_link.h"
+#include "common/rpc/kv_chunk_codec.h"
+#include "common/rpc/protocol.h"
+#include "common/rpc/tcp_kv_link.h"
+#include "spdlog/spdlog.h"
+#include "tripod/v1/decode.grpc.pb.h"
+
+namespace tripod {
+
+absl::StatusOr<KvLinkMode> ParseKvLinkMode(std::string_view name) {
+  if (name == "none") return KvLinkMode::kNone;
+  if (name == "auto") return KvLinkMode::kAuto;
+  if (name == "nccl") return KvLinkMode::kNccl;
+  if (name == "tcp") return KvLinkMode::kTcp;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown KV link mode '", std::string(name), "' (auto | none | nccl | tcp)"));
+}
+
+OpenKvLink::~OpenKvLink() {
+  if (buffer != nullptr) memory->free(buffer);
+}
+
+KvLinkCache::KvLinkCache(const KvLinkCacheOptions& options, const KvMemory* memory, KvDtype dtype,
+                         std::function<void(const char*)> on_link,
+                         std::function<void(const std::string&)> on_fallback)
+    : options_(options),
+      memory_(memory),
+      dtype_(dtype),
+      on_link_(std::move(on_link)),
+      on_fallback_(std::move(on_fallback)) {}
+
+bool KvLinkCache::enabled() const {
+  const bool kind = options_.mode == KvLinkMode::kTcp || options_.mode == KvLinkMode::kNccl ||
+                    (options_.mode == KvLinkMode::kAuto && options_.nccl);
+  return kind && memory_ != nullptr && memory_->gather_rows && memory_->hash;
+}
+
+std::shared_ptr<OpenKvLink> KvLinkCache::Get(const std::string& address,
+                                             const std::shared_ptr<grpc::Channel>& channel) {
+  if (!enabled()) return nullptr;
+  std::string reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& p = peers_[address];
+    if (p.link != nullptr) {
+      if (on_link_) on_link_(p.link->link->kind());
+      return p.link;
+    }
+    if (absl::Now() < p.retry_at) reason = p.reason;
+  }
+  if (reason.empty()) {
+    // One engine thread asks; opening takes the decode worker's set-up time once per peer.
+    absl::StatusOr<std::shared_ptr<OpenKvLink>> made = Open(address, channel);
+    std::lock_guard<std::mutex> lock(mu_);
+    Peer& p = peers_[address];
+    if (made.ok()) {
+      p.link = *made;
+      spdlog::info("KV link {} ({}) to {} open", p.link->id, p.link->link->kind(), address);
+      if (on_link_) on_link_(p.link->link->kind());
+      return p.link;
+    }
+    p.retry_at = absl::Now() + options_.retry_after;
+    p.reason = std::string(made.status().message());
+    reason = p.reason;
+    spdlog::warn("no KV link to {}: {}; payloads go in the PushKv messages", address, reason);
+  }
+  if (on_fallback_) on_fallback_(reason);
+  return nullptr;
+}
+
+void KvLinkCache::Failed(const std::shared_ptr<OpenKvLink>& link, const absl::Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Peer& p = peers_[link->peer];
+  if (p.link != link) return;
+  p.link = nullptr;
+  p.retry_at = absl::Now() + options_.retry_after;
+  p.reason = absl::StrCat("KV link ", link->id, " failed: ", why.message());
+  spdlog::warn("KV link {} to {} failed: {}", link->id, link->peer, why.ToString());
+}
+
+absl::StatusOr<std::shared_ptr<OpenKvLink>> KvLinkCache::Open(
+    const std::string& address, const std::shared_ptr<grpc::Channel>& channel) {
+  const bool nccl = options_.mode != KvLinkMode::kTcp;
+  v1::OpenKvLinkRequest req;
+  req.set_kind(nccl ? v1::KV_LINK_NCCL : v1::KV_LINK_TCP);
+  req.set_kv_dtype(KvDtypeToWire(dtype_));
+  v1::OpenKvLinkResponse resp;
+  std::unique_ptr<grpc::ClientContext> ctx =
+      NewClientContext(std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.open_timeout)));
+  const grpc::Status st = v1::Decode::NewStub(channel)->OpenKvLink(ctx.get(), req, &resp);
+  if (!st.ok()) {
+    return absl::Status(FromGrpcStatus(st).code(),
+                        absl::StrCat("the decode worker offers no ", nccl ? "NCCL" : "TCP",
+                                     " link: ", st.error_message()));
+  }
+  auto link = std::make_shared<OpenKvLink>();
+  link->id = resp.link_id();
+  link->peer = address;
+  link->memory = memory_;
+  absl::StatusOr<std::unique_ptr<KvLink>> made;
+  if (nccl) {
+    made = OpenNcclLink(resp.nccl_unique_id(), /*rank=*/0, options_.open_timeout);
+  } else {
+    // The decode worker listens where its gRPC server does.
+    const std::string host = address.substr(0, address.rfind(':'));
+    const std::string bare =
+        host.size() > 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+    made = ConnectTcpKvLink(bare, resp.tcp_port(), link->id, *memory_, options_.open_timeout);
+  }
+  if (!made.ok()) return made.status();
+  link->link = std::move(*made);
+  return link;
+}
+
+}  // namespace tripod

@@ -1,0 +1,93 @@
+// KvLinkCache: the prefill worker's KV links (common/rpc/kv_link.h), one per decode worker,
+// opened on first use through Decode.OpenKvLink, and the choice of path for each transfer: the
+// link when one is open or opens now, else the chunk payloads in the PushKv messages. A decode
+// worker that refuses a link (its KV is on the CPU, no NCCL, another element type) or a link that
+// fails is not asked again for `retry_after`: every fallback is counted, with its reason.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/kv/kv_layout.h"
+#include "common/kv/kv_memory.h"
+#include "common/rpc/kv_link.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tripod {
+
+enum class KvLinkMode {
+  kNone,  // payloads always in the PushKv messages
+  kAuto,  // NCCL where this worker's KV is on a GPU and the build has NCCL; else none
+  kNccl,  // NCCL (refused at start-up without a GPU backend)
+  kTcp,   // the same protocol over TCP (tests: a KV out of the host's reach without a GPU)
+};
+absl::StatusOr<KvLinkMode> ParseKvLinkMode(std::string_view name);
+
+struct KvLinkCacheOptions {
+  KvLinkMode mode = KvLinkMode::kNone;
+  bool nccl = false;  // this worker's KV is in a GPU's memory and the build has NCCL
+  absl::Duration open_timeout = absl::Seconds(10);
+  absl::Duration io_timeout = absl::Seconds(30);
+  absl::Duration retry_after = absl::Seconds(60);
+};
+
+// An open link. A transfer holds `mu` from taking a payload's link_seq to the end of its Send, so
+// that payloads leave in link_seq order.
+struct OpenKvLink {
+  ~OpenKvLink();
+  uint64_t id = 0;
+  std::string peer;
+  std::unique_ptr<KvLink> link;
+  const KvMemory* memory = nullptr;
+  std::mutex mu;
+  uint64_t next_seq = 0;
+  uint8_t* buffer = nullptr;  // device memory for one payload, grown as needed
+  size_t capacity = 0;
+  bool failed = false;  // a Send failed: the link is out of step, never used again
+};
+
+class KvLinkCache {
+ public:
+  // memory: the engine's KV memory (null: host, no link ever). dtype: its element type.
+  // on_link(kind): a transfer takes a link; on_fallback(reason): a transfer that could have
+  // taken one takes PushKv payloads.
+  KvLinkCache(const KvLinkCacheOptions& options, const KvMemory* memory, KvDtype dtype,
+              std::function<void(const char* kind)> on_link = {},
+              std::function<void(const std::string& reason)> on_fallback = {});
+
+  // Whether links are ever tried.
+  bool enabled() const;
+  // The open link to `address` (opening one over `channel` if none is and the last refusal or
+  // failure is older than retry_after), or null: payloads go in the PushKv messages. Engine
+  // thread.
+  std::shared_ptr<OpenKvLink> Get(const std::string& address,
+                                  const std::shared_ptr<grpc::Channel>& channel);
+  // A link that failed: forgotten, and not retried for retry_after.
+  void Failed(const std::shared_ptr<OpenKvLink>& link, const absl::Status& why);
+
+ private:
+  struct Peer {
+    std::shared_ptr<OpenKvLink> link;
+    absl::Time retry_at = absl::InfinitePast();
+    std::string reason;  // why there is none
+  };
+  absl::StatusOr<std::shared_ptr<OpenKvLink>> Open(const std::string& address,
+                                                   const std::shared_ptr<grpc::Channel>& channel);
+
+  const KvLinkCacheOptions options_;
+  const KvMemory* const memory_;
+  const KvDtype dtype_;
+  const std::function<void(const char*)> on_link_;
+  const std::function<void(const std::string&)> on_fallback_;
+  std::mutex mu_;
+  std::map<std::string, Peer> peers_;
+};
+
+}  // namespace tripod
