@@ -26,6 +26,7 @@
 #include "common/compute/cuda/cuda_backend.h"
 #include "common/compute/profiling_backend.h"
 #include "common/kv/kv_dtype.h"
+#include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_snapshot.h"
 #include "common/kv/kv_staging.h"
 #include "common/kv/paged_kv_cache.h"
@@ -667,21 +668,49 @@ void CheckWorkers(const json& ref, const std::string& path) {
   }
   absl::StatusOr<KvSnapshot> written = ExportSnapshot(**cache, w, m);
   rows_ok = rows_ok && written.ok() && written->k == pr->kv.k && written->v == pr->kv.v;
-  const bool ok = same == greedy.size() && copied && round_trip && rows_ok;
+
+  // What a KV link does at its two ends (one GPU cannot hold both ranks of an NCCL communicator,
+  // so the send itself is not checked here): rows gathered into a device buffer, their
+  // KvLinkHash on the device against the host's, and the buffer scattered into blocks.
+  const KvMemory& mem = *(*cache)->memory();
+  bool link_ok = true;
+  {
+    const size_t bytes = rows_bytes(m);
+    uint8_t* dev = mem.alloc(bytes);
+    for (int layer = 0; layer < L && dev != nullptr; ++layer) {
+      std::vector<uint8_t> want(bytes), got(bytes);
+      ReadLayerRows(**host, 0, layer, 0, m, want.data());
+      mem.gather_rows((*cache)->Layer(a, layer), pr->kv.layout.n_kv_heads, pr->kv.layout.head_dim,
+                      0, m, dev);
+      mem.to_host(got.data(), dev, bytes);
+      link_ok = link_ok && got == want && mem.hash(dev, bytes) == KvLinkHash(want.data(), bytes);
+      mem.scatter_rows(dev, pr->kv.layout.n_kv_heads, pr->kv.layout.head_dim, 0, m,
+                       (*cache)->Layer(w, layer));
+    }
+    if (dev == nullptr)
+      link_ok = false;
+    else
+      mem.free(dev);
+    absl::StatusOr<KvSnapshot> again = ExportSnapshot(**cache, w, m);
+    link_ok = link_ok && again.ok() && again->k == pr->kv.k && again->v == pr->kv.v;
+  }
+  const bool ok = same == greedy.size() && copied && round_trip && rows_ok && link_ok;
   if (!ok) g_failed = true;
   std::printf(
       "  workers (prefill and decode engines, KV in device memory): greedy tokens equal %zu/%zu, "
       "snapshot round trip %s, prefix-cache block copy %s (%d of %d slots attached), transfer "
-      "rows gathered and scattered on the device %s, prefill of %zu tokens %.2f ms  %s\n",
+      "rows gathered and scattered on the device %s, KV link ends (device rows and hash) %s, "
+      "prefill of %zu tokens %.2f ms  %s\n",
       same, greedy.size(), round_trip ? "same bytes" : "DIFFERS", copied ? "same bytes" : "DIFFERS",
-      attached, whole, rows_ok ? "same bytes" : "DIFFER", prompt.size(), prefill_ms,
-      ok ? "ok" : "FAIL");
+      attached, whole, rows_ok ? "same bytes" : "DIFFER", link_ok ? "same" : "DIFFER",
+      prompt.size(), prefill_ms, ok ? "ok" : "FAIL");
   Emit({{"part", "workers"},
         {"greedy_equal", same},
         {"greedy_total", greedy.size()},
         {"snapshot_round_trip", round_trip},
         {"prefix_copy", copied},
         {"device_rows", rows_ok},
+        {"link_ends", link_ok},
         {"ok", ok}});
 }
 

@@ -31,7 +31,7 @@ struct KvLinksOptions {
   bool nccl = false;  // this worker's KV is in a GPU's memory and the build has NCCL
   bool tcp = false;   // --kv_links allows TCP links (tests: KV out of the host's reach, no GPU)
   std::string tcp_host = "127.0.0.1";  // where TCP links listen (the gRPC address's host)
-  absl::Duration open_timeout = absl::Seconds(30);  // the other end joins within this
+  absl::Duration open_timeout = absl::Seconds(10);  // the other end joins within this
   absl::Duration io_timeout = absl::Seconds(30);    // one payload, and one turn, within this
   int max_links = 64;                               // open or opening at once
 };

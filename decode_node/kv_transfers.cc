@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/kv_chunk_codec.h"
+#include "common/util/fmix64.h"
 
 namespace tripod {
 
@@ -52,16 +53,6 @@ bool IsLive(TransferState s) {
          s == TransferState::kComplete;
 }
 
-// MurmurHash3's finaliser: a bijection of 64-bit words, so distinct counters give distinct ids.
-uint64_t Mix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
 int64_t Ms(absl::Duration d) { return absl::ToInt64Milliseconds(d); }
 
 }  // namespace
@@ -82,7 +73,8 @@ KvTransfers::~KvTransfers() { Shutdown(); }
 
 uint64_t KvTransfers::NewId() {
   while (true) {
-    const uint64_t id = Mix(id_key_ + ++id_counter_);
+    // A bijection: distinct counters give distinct ids.
+    const uint64_t id = Fmix64(id_key_ + ++id_counter_);
     if (id != 0) return id;
   }
 }

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/compute/forwarding_backend.h"
 #include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_staging.h"
 
@@ -90,84 +91,29 @@ class GuardedRegions {
   std::map<uint8_t*, Region> regions_;
 };
 
-class GuardedKvBackend final : public Backend {
+class GuardedKvBackend final : public ForwardingBackend {
  public:
   explicit GuardedKvBackend(std::unique_ptr<Backend> inner)
-      : inner_(std::move(inner)), regions_(std::make_shared<GuardedRegions>()) {}
+      : ForwardingBackend(*inner),
+        owned_(std::move(inner)),
+        regions_(std::make_shared<GuardedRegions>()) {}
 
-  std::string name() const override { return inner_->name() + " (guarded KV)"; }
-  float* Alloc(size_t floats) override { return inner_->Alloc(floats); }
-  void Free(float* p) override { inner_->Free(p); }
-  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareMatrix(
-      std::span<const GgufTensorInfo* const> parts) override {
-    return inner_->PrepareMatrix(parts);
-  }
-  absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
-      const GgufTensorInfo& tensor) override {
-    return inner_->PrepareVector(tensor);
-  }
-  bool CopiesWeights() const override { return inner_->CopiesWeights(); }
-  absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
-      std::span<const GgufTensorInfo* const> parts,
-      std::span<const float* const> col_scales) override {
-    return inner_->PrepareScaledMatrix(parts, col_scales);
-  }
-  void Embed(const GgufTensorInfo& table, std::span<const int32_t> ids, float* out,
-             int64_t ld_out) override {
-    inner_->Embed(table, ids, out, ld_out);
-  }
-  void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
-               float* y, int64_t ldy) override {
-    inner_->RmsNorm(x, ldx, w, m, n, eps, y, ldy);
-  }
-  void Linear(const PreparedMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
-              bool accumulate) override {
-    inner_->Linear(w, x, m, ldx, y, ldy, accumulate);
-  }
-  void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
-    inner_->AddBias(x, ldx, b, m, n);
-  }
-  void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
-                 int64_t ldy) override {
-    inner_->AddScaled(x, ldx, alpha, m, n, y, ldy);
-  }
-  void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim,
-            const RopeAngles& angles) override {
-    inner_->Rope(x, ldx, m, n_heads, head_dim, angles);
-  }
-  void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
-    inner_->SwiGlu(gu, ldgu, m, n, out, ldo);
-  }
-  void GatherRows(const float* src, int64_t lds, std::span<const int32_t> src_rows, int n,
-                  float* dst, int64_t ldd) override {
-    inner_->GatherRows(src, lds, src_rows, n, dst, ldd);
-  }
+  std::string name() const override { return inner_.name() + " (guarded KV)"; }
   // The ops that reach K/V: their refs move to the writable mapping.
   void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
                const KvLayerRef& kv, int64_t slot_begin) override {
-    inner_->WriteKv(k, v, m, ld, n_kv_heads, head_dim, regions_->Rw(kv), slot_begin);
+    inner_.WriteKv(k, v, m, ld, n_kv_heads, head_dim, regions_->Rw(kv), slot_begin);
   }
   void Attention(std::span<const AttentionArgs> seqs) override {
     std::vector<AttentionArgs> rw(seqs.begin(), seqs.end());
     for (AttentionArgs& a : rw) a.kv = regions_->Rw(a.kv);
-    inner_->Attention(rw);
+    inner_.Attention(rw);
   }
   void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
     std::vector<AttentionScoreArgs> rw(seqs.begin(), seqs.end());
     for (AttentionScoreArgs& a : rw) a.kv = regions_->Rw(a.kv);
-    inner_->AttentionScores(rw);
+    inner_.AttentionScores(rw);
   }
-  void ToHost(const float* src, size_t n, float* host_dst) override {
-    inner_->ToHost(src, n, host_dst);
-  }
-  void FromHost(const float* host_src, size_t n, float* dst) override {
-    inner_->FromHost(host_src, n, dst);
-  }
-  void Synchronize() override { inner_->Synchronize(); }
-  absl::Status Supports(const ModelConfig& config, KvDtype kv) const override {
-    return inner_->Supports(config, kv);
-  }
-
   std::optional<KvMemory> DeviceKvMemory() override {
     std::shared_ptr<GuardedRegions> r = regions_;
     KvMemory m;
@@ -204,7 +150,7 @@ class GuardedKvBackend final : public Backend {
   }
 
  private:
-  std::unique_ptr<Backend> inner_;
+  std::unique_ptr<Backend> owned_;
   std::shared_ptr<GuardedRegions> regions_;
 };
 

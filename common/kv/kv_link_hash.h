@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/util/fmix64.h"
+
 #ifdef __CUDACC__
 #define TRIPOD_HD __host__ __device__
 #else
@@ -16,23 +18,13 @@
 
 namespace tripod {
 
-// MurmurHash3's 64-bit finaliser.
-TRIPOD_HD inline uint64_t KvLinkMix(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
-
 // Word i's share of the sum (word: 8 bytes little-endian, the tail zero-padded).
 TRIPOD_HD inline uint64_t KvLinkTerm(uint64_t word, uint64_t i) {
-  return KvLinkMix(word + (i + 1) * 0x9e3779b97f4a7c15ULL);
+  return Fmix64(word + (i + 1) * 0x9e3779b97f4a7c15ULL);
 }
 
 TRIPOD_HD inline uint64_t KvLinkFinish(uint64_t sum, uint64_t bytes) {
-  return KvLinkMix(sum ^ KvLinkMix(bytes));
+  return Fmix64(sum ^ Fmix64(bytes));
 }
 
 // On the host.
