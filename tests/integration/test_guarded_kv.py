@@ -15,12 +15,13 @@ block copy, trimmed KV with a first slot per layer. A byte touched directly kill
     TCP link, NCCL's protocol without a GPU, gives the reference tokens with every payload on the
     link; a decode worker that offers no link (its KV on the CPU, or no TCP links) gets the
     payloads in the PushKv messages, counted as fallbacks; several transfers share one link in
-    order;
+    order; a link that stalls fails its transfer and is given up for PushKv payloads;
   * every block free at the end, and no worker died.
 """
 
 import json
 import os
+import signal
 import subprocess
 import threading
 
@@ -221,3 +222,39 @@ def test_prefill_refuses_link_modes_it_cannot_hold(tmp_path):
                         "--http_listen=127.0.0.1:0", *args],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and words in r.stderr, (args, r.stderr[-2000:])
+
+
+def test_a_link_that_stalls_fails_its_transfer_and_the_next_goes_in_pushkv(workers):
+  """A decode worker paused (SIGSTOP) mid-transfer stops reading the link: the prefill worker's
+  send times out (--kv_link_timeout_ms), the link is aborted and forgotten, the transfer fails
+  (ABORTED: the decode worker is unreachable) naming the link, and once the decode worker runs again the next transfer takes the
+  PushKv messages (a fallback), with the reference tokens; the failed transfer's blocks are
+  freed."""
+  cl = workers[0]
+  common = dict(threads=1, precision="fp32")
+  p = cl.prefill(name="prefill-stall", backend=GUARDED, pop_ratio="0", kv_link="tcp",
+                 kv_link_timeout_ms=1000, send_stall_ms=30000, **common)
+  d = cl.decode(name="decode-stall", backend=GUARDED, kv_budget_mb=96, kv_links="tcp", **common)
+  small = C.corpus_prompt(60, offset=4000)
+  want = C.reference_tokens(small, MAX_TOKENS, precision="fp32")
+  assert C.disaggregated(p, d, small, max_tokens=MAX_TOKENS, request_id=90)[0] == want
+  assert metric(p, "tripod:kv_link_transfers_total", 'kind="tcp"') == 1
+  big = C.corpus_prompt(1000, offset=4100)  # 46 MB of f32 KV: more than the sockets buffer
+  res = d.stub.Reserve(C.dpb.ReserveRequest(prompt_tokens=len(big), plan_key=p.health().plan_key),
+                       metadata=C.METADATA, timeout=30)
+  os.kill(d.proc.pid, signal.SIGSTOP)
+  try:
+    with pytest.raises(C.grpc.RpcError) as err:
+      p.stub.Run(C.ppb.PrefillRequest(request_id=91, prompt=big, decode_address=d.address,
+                                      transfer_id=res.transfer_id),
+                 metadata=C.METADATA, timeout=120)
+  finally:
+    os.kill(d.proc.pid, signal.SIGCONT)
+  # The prefill service's answer for a decode side it cannot reach (the scheduler retries it).
+  assert err.value.code() == C.grpc.StatusCode.ABORTED, err.value
+  assert "KV link" in err.value.details() and "timed out" in err.value.details()
+  tokens, _, run = C.disaggregated(p, d, small, max_tokens=MAX_TOKENS, request_id=92)
+  assert tokens == want and run.bytes_sent > 0
+  assert metric(p, "tripod:kv_link_fallbacks_total") == 1
+  assert metric(p, "tripod:kv_link_transfers_total", 'kind="tcp"') == 2  # the failed one too
+  C.wait_until(lambda: C.all_blocks_free(d), 60, "the failed transfer's blocks freed")
