@@ -25,7 +25,7 @@ KvLinks::KvLinks(const KvLinksOptions& options, const KvMemory* memory, KvDtype 
     : options_(options), memory_(memory), dtype_(dtype), next_id_(std::random_device{}() | 1) {}
 
 KvLinks::~KvLinks() {
-  for (std::thread& t : setups_) t.join();
+  for (Setup& s : setups_) s.thread.join();
   for (auto& [id, l] : links_) {
     if (l->buffer != nullptr) memory_->free(l->buffer);
   }
@@ -94,9 +94,16 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
     next_id_ += 2;
     links_[id] = link;
     resp.set_link_id(id);
+    // Set-up threads that are done are joined here, so that they do not pile up.
+    std::erase_if(setups_, [](Setup& s) {
+      if (!s.done->load()) return false;
+      s.thread.join();
+      return true;
+    });
     // The other end joins in the background; Receive waits for it.
-    setups_.emplace_back([this, link, id, nccl_id,
-                          listener = std::shared_ptr<TcpKvLinkListener>(std::move(listener))] {
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread setup([this, link, id, nccl_id, done,
+                       listener = std::shared_ptr<TcpKvLinkListener>(std::move(listener))] {
       absl::StatusOr<std::unique_ptr<KvLink>> made =
           listener ? listener->Accept(id, *memory_, options_.open_timeout)
                    : OpenNcclLink(nccl_id, /*rank=*/1, options_.open_timeout);
@@ -108,7 +115,9 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
             absl::StrCat("KV link ", id, " was never joined: ", made.status().message()));
       }
       link->cv.notify_all();
+      done->store(true);
     });
+    setups_.push_back(Setup{std::move(setup), std::move(done)});
   }
   return resp;
 }

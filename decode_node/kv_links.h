@@ -6,6 +6,7 @@
 // their separate streams. A payload is checked against its KvLinkHash before anyone uses it.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -65,7 +66,11 @@ class KvLinks {
   const KvDtype dtype_;
   mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<Link>> links_;
-  std::vector<std::thread> setups_;
+  struct Setup {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;  // the thread is about to end: join it
+  };
+  std::vector<Setup> setups_;  // reaped by the next Open, the rest joined at the end
   uint64_t next_id_;
 };
 
