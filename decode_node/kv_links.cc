@@ -83,8 +83,13 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
     std::lock_guard<std::mutex> lock(mu_);
     // Drop links that failed (their set-up threads are done with them).
     for (auto it = links_.begin(); it != links_.end();) {
-      std::lock_guard<std::mutex> l(it->second->mu);
-      it = it->second->failed.ok() ? std::next(it) : links_.erase(it);
+      bool failed;
+      {
+        std::lock_guard<std::mutex> l(it->second->mu);
+        failed = !it->second->failed.ok();
+      }
+      // Erased once its lock is let go: this may free it.
+      it = failed ? links_.erase(it) : std::next(it);
     }
     if (static_cast<int>(links_.size()) >= options_.max_links) {
       return absl::ResourceExhaustedError(
