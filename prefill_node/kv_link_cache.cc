@@ -1,6 +1,7 @@
 // KvLinkCache; see kv_link_cache.h.
 #include "prefill_node/kv_link_cache.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -61,14 +62,15 @@ std::shared_ptr<OpenKvLink> KvLinkCache::Get(const std::string& address,
     Peer& p = peers_[address];
     if (made.ok()) {
       p.link = *made;
+      p.failures = 0;
       spdlog::info("KV link {} ({}) to {} open", p.link->id, p.link->link->kind(), address);
       if (on_link_) on_link_(p.link->link->kind());
       return p.link;
     }
-    p.retry_at = absl::Now() + options_.retry_after;
-    p.reason = std::string(made.status().message());
+    Backoff(p, std::string(made.status().message()));
     reason = p.reason;
-    spdlog::warn("no KV link to {}: {}; payloads go in the PushKv messages", address, reason);
+    spdlog::warn("no KV link to {}: {}; payloads go in the PushKv messages until {}", address,
+                 reason, absl::FormatTime(p.retry_at));
   }
   if (on_fallback_) on_fallback_(reason);
   return nullptr;
@@ -79,9 +81,14 @@ void KvLinkCache::Failed(const std::shared_ptr<OpenKvLink>& link, const absl::St
   Peer& p = peers_[link->peer];
   if (p.link != link) return;
   p.link = nullptr;
-  p.retry_at = absl::Now() + options_.retry_after;
-  p.reason = absl::StrCat("KV link ", link->id, " failed: ", why.message());
+  Backoff(p, absl::StrCat("KV link ", link->id, " failed: ", why.message()));
   spdlog::warn("KV link {} to {} failed: {}", link->id, link->peer, why.ToString());
+}
+
+void KvLinkCache::Backoff(Peer& p, std::string reason) {
+  p.retry_at = absl::Now() + options_.retry_after * (int64_t{1} << std::min(p.failures, 6));
+  ++p.failures;
+  p.reason = std::move(reason);
 }
 
 absl::StatusOr<std::shared_ptr<OpenKvLink>> KvLinkCache::Open(

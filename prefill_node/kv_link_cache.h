@@ -2,7 +2,9 @@
 // opened on first use through Decode.OpenKvLink, and the choice of path for each transfer: the
 // link when one is open or opens now, else the chunk payloads in the PushKv messages. A decode
 // worker that refuses a link (its KV is on the CPU, no NCCL, another element type) or a link that
-// fails is not asked again for `retry_after`: every fallback is counted, with its reason.
+// fails is not asked again for `retry_after`, doubled after each failure in a row (up to 64x): a
+// set-up that times out holds the engine thread, so a peer whose links never come up costs that
+// ever more rarely. Every fallback is counted, with its reason.
 #pragma once
 
 #include <cstdint>
@@ -77,7 +79,10 @@ class KvLinkCache {
     std::shared_ptr<OpenKvLink> link;
     absl::Time retry_at = absl::InfinitePast();
     std::string reason;  // why there is none
+    int failures = 0;    // refusals and failures in a row
   };
+  // Sets p's next try after one more failure; mu_ held.
+  void Backoff(Peer& p, std::string reason);
   absl::StatusOr<std::shared_ptr<OpenKvLink>> Open(const std::string& address,
                                                    const std::shared_ptr<grpc::Channel>& channel);
 

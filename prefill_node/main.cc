@@ -70,9 +70,10 @@ ABSL_FLAG(std::string, kv_link, "auto",
           "where KV payloads travel: auto (an NCCL link, GPU to GPU, when this worker and the "
           "decode worker keep their KV on GPUs; else in the PushKv messages) | none | nccl | tcp "
           "(tests: the link's protocol over TCP, for a KV out of the host's reach without a GPU)");
-ABSL_FLAG(int, kv_link_timeout_ms, 30000,
-          "a KV link's set-up, and one payload on it, at most; a link that fails is not tried "
-          "again for a minute (the transfer fails and is retried by the scheduler)");
+ABSL_FLAG(int, kv_link_timeout_ms, 10000,
+          "a KV link's set-up, and one payload on it, at most; a decode worker that offers no "
+          "link, or whose link fails (the transfer then fails and the scheduler retries it), is "
+          "not asked again for a minute, doubled after each failure in a row up to 64 minutes");
 ABSL_FLAG(std::string, inject_transfer_faults, "",
           "TESTING ONLY: drop, corrupt or delay KV chunks on their way to the decode worker, "
           "e.g. drop=0.02,corrupt=0.02,delay=0.05,delay_ms=300,seed=1 (tests/chaos/)");
