@@ -42,6 +42,10 @@ bool KvLinkCache::enabled() const {
   return kind && memory_ != nullptr && memory_->gather_rows && memory_->hash;
 }
 
+KvLinkCache::~KvLinkCache() {
+  for (Setup& s : setups_) s.thread.join();
+}
+
 std::shared_ptr<OpenKvLink> KvLinkCache::Get(const std::string& address,
                                              const std::shared_ptr<grpc::Channel>& channel) {
   if (!enabled()) return nullptr;
@@ -53,24 +57,37 @@ std::shared_ptr<OpenKvLink> KvLinkCache::Get(const std::string& address,
       if (on_link_) on_link_(p.link->link->kind());
       return p.link;
     }
-    if (absl::Now() < p.retry_at) reason = p.reason;
-  }
-  if (reason.empty()) {
-    // One engine thread asks; opening takes the decode worker's set-up time once per peer.
-    absl::StatusOr<std::shared_ptr<OpenKvLink>> made = Open(address, channel);
-    std::lock_guard<std::mutex> lock(mu_);
-    Peer& p = peers_[address];
-    if (made.ok()) {
-      p.link = *made;
-      p.failures = 0;
-      spdlog::info("KV link {} ({}) to {} open", p.link->id, p.link->link->kind(), address);
-      if (on_link_) on_link_(p.link->link->kind());
-      return p.link;
+    if (p.opening) {
+      reason = "a KV link is being set up";
+    } else if (absl::Now() < p.retry_at) {
+      reason = p.reason;
+    } else {
+      p.opening = true;
+      reason = "a KV link is being set up";
+      std::erase_if(setups_, [](Setup& s) {
+        if (!s.done->load()) return false;
+        s.thread.join();
+        return true;
+      });
+      auto done = std::make_shared<std::atomic<bool>>(false);
+      std::thread setup([this, address, channel, done] {
+        absl::StatusOr<std::shared_ptr<OpenKvLink>> made = Open(address, channel);
+        std::lock_guard<std::mutex> lock(mu_);
+        Peer& p = peers_[address];
+        p.opening = false;
+        if (made.ok()) {
+          p.link = *made;
+          p.failures = 0;
+          spdlog::info("KV link {} ({}) to {} open", p.link->id, p.link->link->kind(), address);
+        } else {
+          Backoff(p, std::string(made.status().message()));
+          spdlog::warn("no KV link to {}: {}; payloads go in the PushKv messages until {}", address,
+                       p.reason, absl::FormatTime(p.retry_at));
+        }
+        done->store(true);
+      });
+      setups_.push_back(Setup{std::move(setup), std::move(done)});
     }
-    Backoff(p, std::string(made.status().message()));
-    reason = p.reason;
-    spdlog::warn("no KV link to {}: {}; payloads go in the PushKv messages until {}", address,
-                 reason, absl::FormatTime(p.retry_at));
   }
   if (on_fallback_) on_fallback_(reason);
   return nullptr;

@@ -2,11 +2,13 @@
 // opened on first use through Decode.OpenKvLink, and the choice of path for each transfer: the
 // link when one is open or opens now, else the chunk payloads in the PushKv messages. A decode
 // worker that refuses a link (its KV is on the CPU, no NCCL, another element type) or a link that
-// fails is not asked again for `retry_after`, doubled after each failure in a row (up to 64x): a
-// set-up that times out holds the engine thread, so a peer whose links never come up costs that
-// ever more rarely. Every fallback is counted, with its reason.
+// fails is not asked again for `retry_after`, doubled after each failure in a row (up to 64x).
+// A link is set up on a thread of its own (an NCCL communicator takes a while to come up, a
+// set-up that times out longer): the engine never waits for one, and the transfers meanwhile
+// send their payloads in the PushKv messages. Every fallback is counted, with its reason.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -14,6 +16,8 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -63,12 +67,13 @@ class KvLinkCache {
   KvLinkCache(const KvLinkCacheOptions& options, const KvMemory* memory, KvDtype dtype,
               std::function<void(const char* kind)> on_link = {},
               std::function<void(const std::string& reason)> on_fallback = {});
+  ~KvLinkCache();  // joins the set-ups (each bounded by open_timeout)
 
   // Whether links are ever tried.
   bool enabled() const;
-  // The open link to `address` (opening one over `channel` if none is and the last refusal or
-  // failure is older than retry_after), or null: payloads go in the PushKv messages. Engine
-  // thread.
+  // The open link to `address`, or null: payloads go in the PushKv messages. With none open or
+  // being set up, and the last refusal or failure older than its backoff, starts setting one up
+  // over `channel` in the background. Never waits for the network.
   std::shared_ptr<OpenKvLink> Get(const std::string& address,
                                   const std::shared_ptr<grpc::Channel>& channel);
   // A link that failed: forgotten, and not retried for retry_after.
@@ -80,6 +85,11 @@ class KvLinkCache {
     absl::Time retry_at = absl::InfinitePast();
     std::string reason;  // why there is none
     int failures = 0;    // refusals and failures in a row
+    bool opening = false;
+  };
+  struct Setup {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
   };
   // Sets p's next try after one more failure; mu_ held.
   void Backoff(Peer& p, std::string reason);
@@ -93,6 +103,7 @@ class KvLinkCache {
   const std::function<void(const std::string&)> on_fallback_;
   std::mutex mu_;
   std::map<std::string, Peer> peers_;
+  std::vector<Setup> setups_;  // reaped by the next set-up, the rest joined at the end
 };
 
 }  // namespace tripod

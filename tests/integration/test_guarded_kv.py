@@ -11,9 +11,9 @@ block copy, trimmed KV with a first slot per layer. A byte touched directly kill
     prefix cache and copies that one on the "device", with the same tokens;
   * PyramidKV's trimmed KV into a guarded reservation: the in-process path's tokens;
   * the scheduler over guarded workers, through the `openai` client, streamed: the reference text;
-  * KV links (Decode.OpenKvLink; the payloads device to device, beside their PushKv headers): the
-    TCP link, NCCL's protocol without a GPU, gives the reference tokens with every payload on the
-    link; a decode worker that offers no link (its KV on the CPU, or no TCP links) gets the
+  * KV links (Decode.OpenKvLink; the payloads device to device, beside their PushKv headers): set
+    up in the background after a first transfer asks, the TCP link, NCCL's protocol without a GPU,
+    gives the reference tokens with every payload on the link; a decode worker that offers no link (its KV on the CPU, or no TCP links) gets the
     payloads in the PushKv messages, counted as fallbacks; several transfers share one link in
     order; a link that stalls fails its transfer and is given up for PushKv payloads;
   * every block free at the end, and no worker died.
@@ -21,6 +21,7 @@ block copy, trimmed KV with a first slot per layer. A byte touched directly kill
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -157,14 +158,33 @@ def linked(workers):
   return lp, ld
 
 
+def link_opened(prefill):
+  """Whether the prefill worker has set a KV link up (in the background, after a first transfer
+  asked for one)."""
+  with open(prefill.log_path) as f:
+    return re.search(r"KV link \d+ \(\w+\) to \S+ open", f.read()) is not None
+
+
+def warm_up(prefill, decode, request_id):
+  """A first transfer, whose payloads go in the PushKv messages while the link is set up; then
+  the wait for the link."""
+  prompt = C.corpus_prompt(30, offset=5000)
+  tokens, _, _ = C.disaggregated(prefill, decode, prompt, max_tokens=2, request_id=request_id)
+  assert len(tokens) == 2
+  C.wait_until(lambda: link_opened(prefill), 30, "the KV link set up")
+
+
 def test_payloads_take_the_tcp_link_and_give_the_reference_tokens(linked):
   lp, ld = linked
+  # The first transfer to a decode worker sets a link up without waiting for it.
+  warm_up(lp, ld, request_id=59)
+  assert metric(lp, "tripod:kv_link_fallbacks_total") == 1
   prompt = C.corpus_prompt(300, offset=1500)
   want = C.reference_tokens(prompt, MAX_TOKENS, precision="fp32")
   tokens, _, run = C.disaggregated(lp, ld, prompt, max_tokens=MAX_TOKENS, request_id=60)
   assert tokens == want
   assert metric(lp, "tripod:kv_link_transfers_total", 'kind="tcp"') == 1
-  assert metric(lp, "tripod:kv_link_fallbacks_total") == 0
+  assert metric(lp, "tripod:kv_link_fallbacks_total") == 1
   # Every payload byte came, and was counted, though no PushKv message carried one.
   assert run.bytes_sent == 299 * 30 * 2 * 3 * 64 * 4  # slots x layers x K,V x heads x dim x f32
   with open(ld.log_path) as f:
@@ -203,15 +223,19 @@ def test_a_decode_worker_without_links_gets_the_payloads_in_pushkv(workers, link
   lp, _ = linked
   prompt = C.corpus_prompt(120, offset=3000)
   want = C.reference_tokens(prompt, MAX_TOKENS, precision="fp32")
+  base = metric(lp, "tripod:kv_link_fallbacks_total")
   for i, decode in enumerate((hd, gd, hd)):
     tokens, _, run = C.disaggregated(lp, decode, prompt, max_tokens=MAX_TOKENS,
                                      request_id=80 + i)
     assert tokens == want and run.bytes_sent > 0
-    assert metric(lp, "tripod:kv_link_fallbacks_total") == i + 1
-  with open(lp.log_path) as f:
-    log = f.read()
-  assert log.count("no KV link to") == 2  # once per decode worker, then remembered
-  assert "keeps its KV in host memory" in log and "takes no TCP links" in log
+    assert metric(lp, "tripod:kv_link_fallbacks_total") == base + i + 1
+
+  def log():
+    with open(lp.log_path) as f:
+      return f.read()
+
+  C.wait_until(lambda: log().count("no KV link to") == 2, 30, "both refusals logged")
+  assert "keeps its KV in host memory" in log() and "takes no TCP links" in log()
 
 
 def test_prefill_refuses_link_modes_it_cannot_hold(tmp_path):
@@ -237,6 +261,7 @@ def test_a_link_that_stalls_fails_its_transfer_and_the_next_goes_in_pushkv(worke
   d = cl.decode(name="decode-stall", backend=GUARDED, kv_budget_mb=96, kv_links="tcp", **common)
   small = C.corpus_prompt(60, offset=4000)
   want = C.reference_tokens(small, MAX_TOKENS, precision="fp32")
+  warm_up(p, d, request_id=89)
   assert C.disaggregated(p, d, small, max_tokens=MAX_TOKENS, request_id=90)[0] == want
   assert metric(p, "tripod:kv_link_transfers_total", 'kind="tcp"') == 1
   big = C.corpus_prompt(1000, offset=4100)  # 46 MB of f32 KV: more than the sockets buffer
@@ -255,6 +280,6 @@ def test_a_link_that_stalls_fails_its_transfer_and_the_next_goes_in_pushkv(worke
   assert "KV link" in err.value.details() and "timed out" in err.value.details()
   tokens, _, run = C.disaggregated(p, d, small, max_tokens=MAX_TOKENS, request_id=92)
   assert tokens == want and run.bytes_sent > 0
-  assert metric(p, "tripod:kv_link_fallbacks_total") == 1
+  assert metric(p, "tripod:kv_link_fallbacks_total") == 2  # the warm-up's, and this one
   assert metric(p, "tripod:kv_link_transfers_total", 'kind="tcp"') == 2  # the failed one too
   C.wait_until(lambda: C.all_blocks_free(d), 60, "the failed transfer's blocks freed")
