@@ -119,14 +119,15 @@ class GuardedKvBackend final : public ForwardingBackend {
     KvMemory m;
     m.alloc = [r](size_t bytes) { return r->Alloc(bytes); };
     m.free = [r](uint8_t* p) { r->Free(p); };
+    // Nothing to copy is a valid call (an empty payload), whose host pointer may be null.
     m.to_host = [r](uint8_t* host, const uint8_t* src, size_t n) {
-      std::memcpy(host, r->Rw(src, n), n);
+      if (n > 0) std::memcpy(host, r->Rw(src, n), n);
     };
     m.from_host = [r](uint8_t* dst, const uint8_t* host, size_t n) {
-      std::memcpy(r->Rw(dst, n), host, n);
+      if (n > 0) std::memcpy(r->Rw(dst, n), host, n);
     };
     m.copy = [r](uint8_t* dst, const uint8_t* src, size_t n) {
-      std::memmove(r->Rw(dst, n), r->Rw(src, n), n);
+      if (n > 0) std::memmove(r->Rw(dst, n), r->Rw(src, n), n);
     };
     // As a GPU's: rows gathered "on the device" (the writable twin) and handed over whole.
     m.read_rows = [r](const KvLayerRef& ref, int heads, int head_dim, int s0, int s1,
