@@ -3,11 +3,12 @@
 //     weights and inputs, K/V read back through the CPU's layout code), paged and contiguous
 //     caches, f32/f16/bf16 K/V, GQA, chunked prefill and batched decode;
 //  2. the bundled model on the GPU against the CPU's fp32 reference (bench/gpu_reference):
-//     relative error of the logits after the prompt, and the greedy tokens;
+//     relative error of the logits after the prompt, and the greedy tokens; the workers'
+//     engines on device KV; decode steps replayed as CUDA graphs against the same steps op by op;
 //  3. on a random-weight model of Llama-3.1-8B's shape (weights made on the device): prefill
-//     full against POP 1/3 at 512 and 2048 tokens, decode tokens/s at batch 1 and 32 against
-//     the weights' bytes and the measured copy bandwidth, and each prefill GEMM through the
-//     backend against cuBLAS alone on the same shape.
+//     full against POP 1/3 at 512 and 2048 tokens, decode tokens/s at batch 1 and 32 (op by op
+//     and as CUDA graphs) against the weights' bytes and the measured copy bandwidth, and each
+//     prefill GEMM through the backend against cuBLAS alone on the same shape.
 // Prints a table per part and writes JSON lines to --out. Exit status 1 when a check fails.
 //   gpu_check --reference ref.json --model M --out gpu_check.jsonl [--big=false]
 #include <algorithm>
@@ -24,7 +25,9 @@
 #include "absl/strings/str_cat.h"
 #include "bench/gpu_check_common.h"
 #include "common/compute/cuda/cuda_backend.h"
+#include "common/compute/forwarding_backend.h"
 #include "common/compute/profiling_backend.h"
+#include "common/kv/contiguous_kv_cache.h"
 #include "common/kv/kv_dtype.h"
 #include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_snapshot.h"
@@ -115,6 +118,14 @@ struct Dev {
     b.ToHost(p, n, h.data());
     return h;
   }
+};
+
+// The backend with its decode steps launched op by op: BeginGraphStep is not passed on, so a
+// graph-enabled backend runs them as a backend without graphs would.
+class EagerSteps final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void BeginGraphStep() override {}
 };
 
 void Report(const std::string& name, double err, double tol) {
@@ -464,6 +475,7 @@ void CheckAttention(Backend& be, const AttnCase& c) {
 
 void CheckDraft(const json& ref, const std::string& path);
 void CheckWorkers(const json& ref, const std::string& path);
+void CheckGraphs(Backend& be, const std::string& path);
 
 void CheckModel(Backend& be) {
   std::ifstream in(absl::GetFlag(FLAGS_reference));
@@ -484,9 +496,10 @@ void CheckModel(Backend& be) {
     g_failed = true;
     return;
   }
+  EagerSteps eager(be);  // the graphs are checked against these steps below
   for (KvDtype kv : {KvDtype::kF16, KvDtype::kBF16}) {
     absl::StatusOr<gpu_check::GreedyRun> run =
-        gpu_check::RunGreedy<Clock>(**m, be, prompt, static_cast<int>(greedy.size()), kv);
+        gpu_check::RunGreedy<Clock>(**m, eager, prompt, static_cast<int>(greedy.size()), kv);
     if (!run.ok()) {
       std::printf("  run: %s\n", run.status().ToString().c_str());
       g_failed = true;
@@ -520,6 +533,7 @@ void CheckModel(Backend& be) {
   }
   CheckDraft(ref, path);
   CheckWorkers(ref, path);
+  CheckGraphs(be, path);
 }
 
 // The draft worker's engine on the GPU against the CPU's (fp32) scores, kept positions and
@@ -712,6 +726,153 @@ void CheckWorkers(const json& ref, const std::string& path) {
         {"device_rows", rows_ok},
         {"link_ends", link_ok},
         {"ok", ok}});
+}
+
+// Decode steps replayed as CUDA graphs against the same steps launched op by op, in lockstep on
+// one model and backend (two caches): the same kernels on the same inputs, so the logits should
+// agree bit for bit, and the greedy tokens must. The cases take the graphs' paths: a split count
+// that changes mid-run (a new graph), split attention's scratch, paged block tables that grow,
+// and more than 8 rows (cuBLAS in the graph).
+void CheckGraphs(Backend& be, const std::string& path) {
+  absl::StatusOr<std::unique_ptr<LoadedModel>> loaded = LoadModel(path, be);
+  if (!loaded.ok()) {
+    std::printf("  graphs: load: %s\n", loaded.status().ToString().c_str());
+    g_failed = true;
+    return;
+  }
+  const LoadedModel& m = **loaded;
+  const ModelConfig& c = m.config;
+  const ForwardPlan plan = ForwardPlan::Full(c.n_layers);
+  EagerSteps eager(be);
+  struct Case {
+    const char* name;
+    bool paged;
+    std::vector<int> prompts;
+  };
+  const std::vector<Case> cases = {
+      {"batch 1, contiguous, splits 1 -> 2", false, {100}},
+      {"batch 3, contiguous, split attention", false, {150, 200, 260}},
+      {"batch 12, paged, cuBLAS rows", true, {20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130}},
+  };
+  const int steps = 40;
+  std::mt19937 g(17);
+  for (const Case& k : cases) {
+    const int B = static_cast<int>(k.prompts.size());
+    const int longest = *std::max_element(k.prompts.begin(), k.prompts.end());
+    const KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF16};
+    std::unique_ptr<KvStore> store[2];
+    PagedKvCache* paged[2] = {nullptr, nullptr};
+    std::vector<int32_t> seq[2];
+    bool setup_ok = true;
+    for (int i = 0; i < 2; ++i) {
+      if (k.paged) {
+        PagedKvOptions ko;
+        ko.layout = layout;
+        ko.budget_bytes = size_t{256} << 20;
+        ko.device = be.DeviceKvMemory();
+        absl::StatusOr<std::unique_ptr<PagedKvCache>> pc = PagedKvCache::Create(ko);
+        if (!pc.ok()) {
+          setup_ok = false;
+          break;
+        }
+        for (int b = 0; b < B; ++b) seq[i].push_back((*pc)->NewSequence(0));
+        paged[i] = pc->get();
+        store[i] = std::move(*pc);
+      } else {
+        absl::StatusOr<std::unique_ptr<ContiguousKvCache>> cc =
+            ContiguousKvCache::Create(layout, B, longest + steps + 1, be.DeviceKvMemory());
+        if (!cc.ok()) {
+          setup_ok = false;
+          break;
+        }
+        for (int b = 0; b < B; ++b) seq[i].push_back(b);
+        store[i] = std::move(*cc);
+      }
+    }
+    if (!setup_ok) {
+      std::printf("  graphs, %s: no cache\n", k.name);
+      g_failed = true;
+      continue;
+    }
+    Backend* run_on[2] = {&eager, &be};
+    ForwardWorkspace ws0(eager), ws1(be);
+    ForwardWorkspace* ws[2] = {&ws0, &ws1};
+    std::vector<std::vector<int32_t>> prompts(B);
+    for (int b = 0; b < B; ++b) {
+      for (int t = 0; t < k.prompts[b]; ++t) {
+        prompts[b].push_back(static_cast<int32_t>(g() % c.vocab_size));
+      }
+    }
+    std::vector<float> logits[2];
+    absl::Status st;
+    for (int i = 0; i < 2 && st.ok(); ++i) {
+      StepBatch pre;
+      for (int b = 0; b < B; ++b) {
+        if (paged[i] != nullptr) paged[i]->EnsureCapacity(seq[i][b], k.prompts[b]);
+        pre.AddSequence(seq[i][b], prompts[b].data(), k.prompts[b], 0, 0, true);
+      }
+      st = Forward(m, *run_on[i], plan, pre, *store[i], *ws[i], &logits[i]);
+    }
+    const CudaGraphStats before = GetCudaGraphStats(be);
+    std::vector<int32_t> next(B);
+    std::vector<int> pos(k.prompts);
+    auto argmax_rows = [&](const std::vector<float>& l) {
+      std::vector<int32_t> t(B);
+      for (int b = 0; b < B; ++b) {
+        const float* row = l.data() + size_t{1} * b * c.vocab_size;
+        t[b] = static_cast<int32_t>(std::max_element(row, row + c.vocab_size) - row);
+      }
+      return t;
+    };
+    if (st.ok()) next = argmax_rows(logits[0]);
+    int exact = 0, tokens_equal = 0;
+    double max_rel = 0;
+    for (int step = 0; step < steps && st.ok(); ++step) {
+      for (int i = 0; i < 2 && st.ok(); ++i) {
+        StepBatch sb;
+        for (int b = 0; b < B; ++b) {
+          if (paged[i] != nullptr) paged[i]->EnsureCapacity(seq[i][b], pos[b] + 1);
+          sb.AddSequence(seq[i][b], &next[b], 1, pos[b], pos[b], true);
+        }
+        st = Forward(m, *run_on[i], plan, sb, *store[i], *ws[i], &logits[i]);
+      }
+      if (!st.ok()) break;
+      double num = 0, den = 0;
+      for (size_t j = 0; j < logits[0].size(); ++j) {
+        num = std::max(num, std::abs(double{logits[1][j]} - logits[0][j]));
+        den = std::max(den, std::abs(double{logits[0][j]}));
+      }
+      max_rel = std::max(max_rel, num / (den > 0 ? den : 1));
+      exact += logits[0] == logits[1];
+      const std::vector<int32_t> t0 = argmax_rows(logits[0]), t1 = argmax_rows(logits[1]);
+      tokens_equal += t0 == t1;
+      next = t0;
+      for (int b = 0; b < B; ++b) ++pos[b];
+    }
+    const CudaGraphStats after = GetCudaGraphStats(be);
+    const int64_t replays = after.replays - before.replays;
+    const int64_t captures = after.captures - before.captures;
+    const int64_t runs = after.runs - before.runs;
+    // A new graph costs one step run op by op and one captured: a few per case at most.
+    const bool ok = st.ok() && tokens_equal == steps && max_rel <= 1e-5 && replays >= steps - 6;
+    if (!ok) g_failed = true;
+    std::printf(
+        "  graphs, %-38s %d steps: logits bit-identical %d/%d (max rel. diff %.3g), tokens equal "
+        "%d/%d; %lld replayed, %lld captured, %lld op by op%s  %s\n",
+        k.name, steps, exact, steps, max_rel, tokens_equal, steps, static_cast<long long>(replays),
+        static_cast<long long>(captures), static_cast<long long>(runs),
+        st.ok() ? "" : (" (" + st.ToString() + ")").c_str(), ok ? "ok" : "FAIL");
+    Emit({{"part", "graphs"},
+          {"case", k.name},
+          {"steps", steps},
+          {"bit_identical", exact},
+          {"max_rel_diff", max_rel},
+          {"tokens_equal", tokens_equal},
+          {"replays", replays},
+          {"captures", captures},
+          {"runs", runs},
+          {"ok", ok}});
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -932,7 +1093,7 @@ absl::Status BigModel(Backend& be) {
   {
     const int n_seqs = 32, prompt = 128, steps = 12;
     KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF16};
-    ASSIGN_OR_RETURN(auto kv, ContiguousKvCache::Create(layout, n_seqs, prompt + 4 * steps,
+    ASSIGN_OR_RETURN(auto kv, ContiguousKvCache::Create(layout, n_seqs, prompt + 6 * steps,
                                                         be.DeviceKvMemory()));
     ForwardWorkspace ws(be);
     std::vector<int32_t> ids(size_t{1} * n_seqs * prompt);
@@ -947,31 +1108,44 @@ absl::Status BigModel(Backend& be) {
         full->resident_weight_bytes() - full->weights.token_embd.tensor->n_bytes;
     std::printf("\n  %-28s %10s %10s %12s %12s\n", "decode (logits to host)", "ms/step", "tokens/s",
                 "weights GB/s", "of copy bw");
+    // Op by op, then as graphs (steps 0 and 1 of these run and capture, untimed).
+    EagerSteps eager(be);
+    const CudaGraphStats before = GetCudaGraphStats(be);
     for (int B : {1, 32}) {
-      std::vector<double> times;
-      std::vector<float> logits;
-      for (int st = 0; st < steps; ++st) {
-        StepBatch step;
-        std::vector<int32_t> tok(B);
-        for (int s = 0; s < B; ++s) tok[s] = static_cast<int32_t>(g() % c.vocab_size);
-        for (int s = 0; s < B; ++s) step.AddSequence(s, &tok[s], 1, pos[s], pos[s], true);
-        const auto t1 = Clock::now();
-        RETURN_IF_ERROR(Forward(*full, be, full_plan, step, *kv, ws, &logits));
-        if (st >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t1).count());
-        for (int s = 0; s < B; ++s) ++pos[s];
+      for (bool graphs : {false, true}) {
+        Backend& on = graphs ? be : static_cast<Backend&>(eager);
+        std::vector<double> times;
+        std::vector<float> logits;
+        for (int st = 0; st < steps; ++st) {
+          StepBatch step;
+          std::vector<int32_t> tok(B);
+          for (int s = 0; s < B; ++s) tok[s] = static_cast<int32_t>(g() % c.vocab_size);
+          for (int s = 0; s < B; ++s) step.AddSequence(s, &tok[s], 1, pos[s], pos[s], true);
+          const auto t1 = Clock::now();
+          RETURN_IF_ERROR(Forward(*full, on, full_plan, step, *kv, ws, &logits));
+          if (st >= 2) times.push_back(std::chrono::duration<double>(Clock::now() - t1).count());
+          for (int s = 0; s < B; ++s) ++pos[s];
+        }
+        const double t = Median(times);
+        const double bw = weight_bytes / t;
+        std::printf("  %-28s %10.2f %10.1f %12.0f %11.0f%%\n",
+                    absl::StrCat("batch ", B, graphs ? ", CUDA graph" : "").c_str(), t * 1e3, B / t,
+                    bw / 1e9, copy_bw > 0 ? 100 * bw / copy_bw : 0.0);
+        Emit({{"part", "decode"},
+              {"batch", B},
+              {"graphs", graphs},
+              {"step_s", t},
+              {"tokens_per_s", B / t},
+              {"weight_bytes", weight_bytes},
+              {"weights_bytes_per_s", bw},
+              {"copy_bytes_per_s", copy_bw}});
       }
-      const double t = Median(times);
-      const double bw = weight_bytes / t;
-      std::printf("  %-28s %10.2f %10.1f %12.0f %11.0f%%\n", absl::StrCat("batch ", B).c_str(),
-                  t * 1e3, B / t, bw / 1e9, copy_bw > 0 ? 100 * bw / copy_bw : 0.0);
-      Emit({{"part", "decode"},
-            {"batch", B},
-            {"step_s", t},
-            {"tokens_per_s", B / t},
-            {"weight_bytes", weight_bytes},
-            {"weights_bytes_per_s", bw},
-            {"copy_bytes_per_s", copy_bw}});
     }
+    const CudaGraphStats after = GetCudaGraphStats(be);
+    std::printf("  graph steps: %lld replayed, %lld captured, %lld op by op\n",
+                static_cast<long long>(after.replays - before.replays),
+                static_cast<long long>(after.captures - before.captures),
+                static_cast<long long>(after.runs - before.runs));
     // Where a step's time goes: each op timed alone (the waits between ops add to the total).
     for (int B : {1, 32}) {
       std::printf("\n  decode step, batch %d, 3 steps, per op:\n", B);
@@ -1040,7 +1214,11 @@ int Main() {
     out.open(absl::GetFlag(FLAGS_out));
     g_out = &out;
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend();
+  // Graphs on: decode steps that Forward marks run as graphs; the ops checked one by one, and
+  // the steps run through EagerSteps, run as on a backend without them.
+  CudaBackendOptions options;
+  options.graphs = true;
+  absl::StatusOr<std::unique_ptr<Backend>> backend = MakeCudaBackend(options);
   if (!backend.ok()) {
     std::printf("gpu_check: %s\n", backend.status().ToString().c_str());
     return 2;

@@ -111,6 +111,10 @@ class Backend {
   // Waits until every op enqueued so far has finished (for timing; the CPU's ops are
   // synchronous).
   virtual void Synchronize() {}
+  // The ops from here to the next ToHost (or Synchronize) are one decode step, which a backend
+  // may record and replay as a whole (the CUDA backend's graphs). Said by Forward for batches of
+  // one token per sequence; the ops' meaning is unchanged, only when they run.
+  virtual void BeginGraphStep() {}
   // Where KV stores for this backend keep their bytes: nullopt for host memory (the CPU), else
   // the backend's own (device) memory, which the kernels read through KvLayerRef. Host code must
   // not touch K/V bytes of such a store.

@@ -173,6 +173,16 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
   float* gu = ws.Get(kGu, size_t{1} * T * 2 * ff);   // [T, gate | up]
   float* act = ws.Get(kAct, size_t{1} * T * ff);     // [T, d_ff]
 
+  // A decode step (one token per sequence, logits out, nothing heard or captured between ops)
+  // is a whole that a backend may replay as one graph; the ops are the same either way.
+  if (logits != nullptr && !batch.logit_rows.empty() && !capturing && !on_kv &&
+      std::all_of(batch.seqs.begin(), batch.seqs.end(),
+                  [](const SeqInBatch& s) { return s.n_tokens == 1; }) &&
+      std::none_of(plan.layers.begin(), plan.layers.end(),
+                   [](LayerMode m) { return m == LayerMode::kKvOnly; })) {
+    backend.BeginGraphStep();
+  }
+
   // RoPE angles once per batch; every layer reuses them.
   const int half = c.rope_dims / 2;
   float* rc = ws.Get(kRopeCos, size_t{1} * T * half);

@@ -78,6 +78,7 @@ class ForwardingBackend : public Backend {
     inner_.FromHost(host_src, n, dst);
   }
   void Synchronize() override { inner_.Synchronize(); }
+  void BeginGraphStep() override { inner_.BeginGraphStep(); }
   std::optional<KvMemory> DeviceKvMemory() override { return inner_.DeviceKvMemory(); }
   absl::Status Supports(const ModelConfig& config, KvDtype kv) const override {
     return inner_.Supports(config, kv);

@@ -1,6 +1,9 @@
 // MakeBackend; see make_backend.h.
 #include "common/compute/make_backend.h"
 
+#include <cstdlib>
+#include <cstring>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
@@ -10,6 +13,19 @@
 #include "common/util/status_macros.h"
 
 namespace tripod {
+namespace {
+
+// TRIPOD_CUDA_GRAPHS=1 replays decode steps as CUDA graphs. Off by default until the device check
+// (bench/gpu_check) has run them on a GPU; an environment variable so that every worker `tripod
+// serve` starts, and a pod's spec, can set it.
+CudaBackendOptions CudaOptionsFromEnv() {
+  CudaBackendOptions o;
+  const char* env = std::getenv("TRIPOD_CUDA_GRAPHS");
+  o.graphs = env != nullptr && std::strcmp(env, "1") == 0;
+  return o;
+}
+
+}  // namespace
 
 absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const std::string& precision) {
   ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(precision));
@@ -19,7 +35,7 @@ absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const std::stri
 absl::StatusOr<MadeBackend> MakeBackend(const std::string& name, const CpuBackendOptions& cpu) {
   MadeBackend m;
   if (name == "cuda") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend());
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend(CudaOptionsFromEnv()));
     m.backend = MaybeProfile(std::move(gpu));
     m.default_kv = KvDtype::kF16;
   } else if (name == "cpu") {

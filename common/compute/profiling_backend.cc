@@ -113,6 +113,7 @@ class ProfilingBackend final : public Backend {
   }
   std::optional<KvMemory> DeviceKvMemory() override { return inner_->DeviceKvMemory(); }
   void Synchronize() override { inner_->Synchronize(); }
+  // BeginGraphStep is not passed on: every op runs, and is timed, as it is called.
   absl::Status Supports(const ModelConfig& config, KvDtype kv) const override {
     return inner_->Supports(config, kv);
   }

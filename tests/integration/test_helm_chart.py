@@ -20,7 +20,7 @@ CHART = os.path.join(SOURCE, "deploy", "helm", "tripod")
 
 VALUE_SETS = {
     "default": {},
-    "gpu": {"gpu": {"enabled": True, "perWorker": 1},
+    "gpu": {"gpu": {"enabled": True, "perWorker": 1, "cudaGraphs": True},
             "decode": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
                        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
                                         "effect": "NoSchedule"}]}},
@@ -123,7 +123,12 @@ def test_gpu_requests_only_when_asked():
     limits = container(deps[f"demo-tripod-{role}"])["resources"]["limits"]
     assert limits["nvidia.com/gpu"] == 1 and limits["memory"]
     assert "--backend=cuda" in container(deps[f"demo-tripod-{role}"])["args"]
+    assert {"name": "TRIPOD_CUDA_GRAPHS", "value": "1"} in container(deps[f"demo-tripod-{role}"])["env"]
   assert "nvidia.com/gpu" not in container(deps["demo-tripod-scheduler"])["resources"]["limits"]
+  # Without GPUs the switch means nothing and is not set.
+  cpu_docs, _ = render({"gpu": {"cudaGraphs": True}})
+  for role in ("prefill", "decode", "draft"):
+    assert "env" not in container(by_kind(cpu_docs, "Deployment")[f"demo-tripod-{role}"])
   spec = deps["demo-tripod-decode"]["spec"]["template"]["spec"]
   assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
   assert spec["tolerations"][0]["key"] == "nvidia.com/gpu"

@@ -39,7 +39,9 @@ __device__ inline void StoreElem(uint8_t* p, int dtype, float v) {
 }
 
 // One sequence per grid.z; its rows over grid.y, each row's n_kv_heads * head_dim columns over x.
-__global__ void WriteKvKernel(const __grid_constant__ KvWriteBatch b) {
+// The batch is the kernel's parameter (WriteKvKernel) or, in a step replayed as a graph, device
+// memory rewritten before each replay (WriteKvKernelAt); both run this body.
+__device__ __forceinline__ void WriteKvBody(const KvWriteBatch& b) {
   const KvWrite& w = b.w[blockIdx.z];
   const int cols = b.n_kv_heads * b.head_dim;
   for (int t = blockIdx.y; t < w.n; t += gridDim.y) {
@@ -53,6 +55,8 @@ __global__ void WriteKvKernel(const __grid_constant__ KvWriteBatch b) {
     }
   }
 }
+__global__ void WriteKvKernel(const __grid_constant__ KvWriteBatch b) { WriteKvBody(b); }
+__global__ void WriteKvKernelAt(const KvWriteBatch* __restrict__ b) { WriteKvBody(*b); }
 
 // Copies slots [t0, t0 + kTile) of KV head h into shared memory as fp32 (ks padded rows of
 // HD + 1, vs rows of HD), zeros for slots outside [fv, last] (their bytes may be anything, and
@@ -142,8 +146,7 @@ __device__ inline void LoadTile(const KvView& kv, int h, int t0, int fv, int las
 }
 
 template <int HD>
-__global__ void __launch_bounds__(kMaxWarps * 32)
-    AttentionKernel(const __grid_constant__ AttnBatch b, int qt) {
+__device__ __forceinline__ void AttentionBody(const AttnBatch& b, int qt) {
   const AttnSeq& s = b.seqs[blockIdx.y];
   const int group = b.n_heads / b.n_kv_heads;
   const int kvh = blockIdx.z;
@@ -239,10 +242,20 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 #pragma unroll
   for (int t = 0; t < HD / 32; ++t) out[lane + 32 * t] = o[t] * inv;
 }
+template <int HD>
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    AttentionKernel(const __grid_constant__ AttnBatch b, int qt) {
+  AttentionBody<HD>(b, qt);
+}
+template <int HD>
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    AttentionKernelAt(const AttnBatch* __restrict__ b, int qt) {
+  AttentionBody<HD>(*b, qt);
+}
 
 // Merges a decode query's shares: weights e^(m_s - max m), output sum o_s weighted over sum l_s
 // weighted. One block per (sequence, query head), one thread per column.
-__global__ void CombineSplitsKernel(const __grid_constant__ AttnBatch b) {
+__device__ __forceinline__ void CombineSplitsBody(const AttnBatch& b) {
   const AttnSeq& s = b.seqs[blockIdx.x];
   const int head = blockIdx.y, d = threadIdx.x;
   const int hd = b.head_dim;
@@ -262,20 +275,46 @@ __global__ void CombineSplitsKernel(const __grid_constant__ AttnBatch b) {
   }
   s.out[head * hd + d] = l > 0 ? o / l : 0.0f;
 }
+__global__ void CombineSplitsKernel(const __grid_constant__ AttnBatch b) { CombineSplitsBody(b); }
+__global__ void CombineSplitsKernelAt(const AttnBatch* __restrict__ b) { CombineSplitsBody(*b); }
 
+// The grid comes from the shape; the batch travels by value, or sits at `at` in device memory.
 template <int HD>
-bool LaunchAttention(const AttnBatch& b, cudaStream_t stream) {
-  const int group = b.n_heads / b.n_kv_heads;
+bool LaunchAttention(const AttnShape& sh, const AttnBatch* b, const AttnBatch* at,
+                     cudaStream_t stream) {
+  const int group = sh.n_heads / sh.n_kv_heads;
   if (group < 1 || group > kMaxWarps) return false;
-  const int qt = b.max_n_q <= 1 ? 1 : kMaxWarps / group;
+  const int qt = sh.max_n_q <= 1 ? 1 : kMaxWarps / group;
   const int warps = group * qt;
   const size_t smem = sizeof(float) * (kTile * (HD + 1) + kTile * HD + warps * HD);
-  const int x = b.splits > 1 ? b.splits : (b.max_n_q + qt - 1) / qt;
-  AttentionKernel<HD><<<dim3(x, b.n_seqs, b.n_kv_heads), warps * 32, smem, stream>>>(b, qt);
-  if (b.splits > 1) {
-    CombineSplitsKernel<<<dim3(b.n_seqs, b.n_heads), HD, 0, stream>>>(b);
+  const int x = sh.splits > 1 ? sh.splits : (sh.max_n_q + qt - 1) / qt;
+  const dim3 grid(x, sh.n_seqs, sh.n_kv_heads);
+  if (at != nullptr) {
+    AttentionKernelAt<HD><<<grid, warps * 32, smem, stream>>>(at, qt);
+  } else {
+    AttentionKernel<HD><<<grid, warps * 32, smem, stream>>>(*b, qt);
+  }
+  if (sh.splits > 1) {
+    const dim3 cgrid(sh.n_seqs, sh.n_heads);
+    if (at != nullptr) {
+      CombineSplitsKernelAt<<<cgrid, HD, 0, stream>>>(at);
+    } else {
+      CombineSplitsKernel<<<cgrid, HD, 0, stream>>>(*b);
+    }
   }
   return true;
+}
+
+bool LaunchAttention(const AttnShape& sh, const AttnBatch* b, const AttnBatch* at, cudaStream_t s) {
+  if (sh.n_seqs == 0 || sh.max_n_q == 0) return true;
+  switch (sh.head_dim) {
+    case 64:
+      return LaunchAttention<64>(sh, b, at, s);
+    case 128:
+      return LaunchAttention<128>(sh, b, at, s);
+    default:
+      return false;
+  }
 }
 
 // Scoring, pass 1: per (query, query head), the softmax's max and normaliser over the slots the
@@ -345,23 +384,38 @@ __global__ void ScoreReduceKernel(const ScoreArgs a, const float* stats, float* 
 
 }  // namespace
 
+namespace {
+dim3 WriteKvGrid(const KvWriteShape& sh) {
+  const int cols = sh.n_kv_heads * sh.head_dim;
+  return dim3((cols + 255) / 256, sh.max_n < 65535 ? sh.max_n : 65535, sh.count);
+}
+bool WriteKvEmpty(const KvWriteShape& sh) {
+  return sh.count == 0 || sh.max_n == 0 || sh.n_kv_heads * sh.head_dim == 0;
+}
+}  // namespace
+
+KvWriteShape ShapeOf(const KvWriteBatch& b) {
+  return KvWriteShape{b.count, b.n_kv_heads, b.head_dim, b.max_n};
+}
+AttnShape ShapeOf(const AttnBatch& b) {
+  return AttnShape{b.n_seqs, b.n_heads, b.n_kv_heads, b.head_dim, b.max_n_q, b.splits};
+}
+
 void WriteKv(const KvWriteBatch& b, cudaStream_t s) {
-  const int cols = b.n_kv_heads * b.head_dim;
-  if (b.count == 0 || b.max_n == 0 || cols == 0) return;
-  const dim3 grid((cols + 255) / 256, b.max_n < 65535 ? b.max_n : 65535, b.count);
-  WriteKvKernel<<<grid, 256, 0, s>>>(b);
+  const KvWriteShape sh = ShapeOf(b);
+  if (WriteKvEmpty(sh)) return;
+  WriteKvKernel<<<WriteKvGrid(sh), 256, 0, s>>>(b);
+}
+void WriteKvAt(const KvWriteShape& sh, const KvWriteBatch* at, cudaStream_t s) {
+  if (WriteKvEmpty(sh)) return;
+  WriteKvKernelAt<<<WriteKvGrid(sh), 256, 0, s>>>(at);
 }
 
 bool Attention(const AttnBatch& b, cudaStream_t s) {
-  if (b.n_seqs == 0 || b.max_n_q == 0) return true;
-  switch (b.head_dim) {
-    case 64:
-      return LaunchAttention<64>(b, s);
-    case 128:
-      return LaunchAttention<128>(b, s);
-    default:
-      return false;
-  }
+  return LaunchAttention(ShapeOf(b), &b, nullptr, s);
+}
+bool AttentionAt(const AttnShape& sh, const AttnBatch* at, cudaStream_t s) {
+  return LaunchAttention(sh, nullptr, at, s);
 }
 
 void AttentionScores(const ScoreArgs& a, float* stats, float* max_out, float* sum_out,

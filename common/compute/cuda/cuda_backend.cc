@@ -6,42 +6,28 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/compute/cuda/cuda_check.h"
 #include "common/compute/cuda/cuda_kernels.h"
+#include "common/compute/cuda/step_graph.h"
 #include "common/kv/kv_link_hash.h"
 #include "common/model/quant_types.h"
 
 namespace tripod {
 namespace {
-
-// Backend ops return nothing: a failed CUDA call there is a broken device or a bug, and the
-// process stops with the call and the driver's message.
-#define TRIPOD_CUDA_CHECK(expr)                                                        \
-  do {                                                                                 \
-    const cudaError_t err_ = (expr);                                                   \
-    if (err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(err_));                                          \
-      std::abort();                                                                    \
-    }                                                                                  \
-  } while (0)
-#define TRIPOD_CUBLAS_CHECK(expr)                                                        \
-  do {                                                                                   \
-    const cublasStatus_t st_ = (expr);                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      std::fprintf(stderr, "cuBLAS error at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cublasGetStatusString(st_));                                          \
-      std::abort();                                                                      \
-    }                                                                                    \
-  } while (0)
 
 [[noreturn]] void Fatal(const std::string& what) {
   std::fprintf(stderr, "CUDA backend: %s\n", what.c_str());
@@ -151,9 +137,64 @@ void KvRowsThroughDevice(const KvLayerRef& ref, int heads, int head_dim, int s0,
   TRIPOD_CUDA_CHECK(cudaStreamSynchronize(st));
 }
 
+// The ops a decode step records (StepOp::kind) and their arguments' order in StepOp::a.
+enum OpKind : uint32_t {
+  kEmbed,       // table, d, ids*, m, out, ld
+  kRmsNorm,     // x, ldx, w, m, n, eps, y, ldy
+  kLinear,      // w, n, k, x, m, ldx, y, ldy, accumulate
+  kAddBias,     // x, ldx, b, m, n
+  kAddScaled,   // x, ldx, alpha, m, n, y, ldy
+  kRope,        // x, ldx, m, n_heads, head_dim, cos, sin, rope_dims, halves
+  kSwiGlu,      // gu, ldgu, m, n, out, ldo
+  kGatherRows,  // src, lds, rows*, m, n, dst, ldd
+  kCopy,        // src*, dst, bytes (device to device: FromHost's staged bytes into place)
+  kWriteKv,     // batch*, count, n_kv_heads, head_dim, max_n
+  kAttention,   // batch*, n_seqs, n_heads, n_kv_heads, head_dim, max_n_q, splits
+};
+// (* : an address that is staged bytes while recording)
+
+template <class T>
+uint64_t Word(T* p) {
+  return reinterpret_cast<uint64_t>(p);
+}
+template <class T>
+requires std::is_integral_v<T> uint64_t Word(T v) {
+  return static_cast<uint64_t>(static_cast<int64_t>(v));
+}
+uint64_t Word(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  return bits;
+}
+
+StepOp MakeOp(OpKind kind, std::initializer_list<uint64_t> args) {
+  StepOp op;
+  op.kind = kind;
+  int i = 0;
+  for (uint64_t a : args) op.a[i++] = a;
+  return op;
+}
+
+// An argument of a recorded op: an address (staged offsets made addresses in `arena`), an
+// integer, a float.
+template <class T>
+T* Ptr(const StepOp& op, int i, uint8_t* arena) {
+  if ((op.arena_args >> i) & 1) return reinterpret_cast<T*>(arena + op.a[i]);
+  return reinterpret_cast<T*>(op.a[i]);
+}
+int64_t Int(const StepOp& op, int i) { return static_cast<int64_t>(op.a[i]); }
+int I32(const StepOp& op, int i) { return static_cast<int>(op.a[i]); }
+float Flt(const StepOp& op, int i) {
+  const uint32_t bits = static_cast<uint32_t>(op.a[i]);
+  float v;
+  std::memcpy(&v, &bits, sizeof(v));
+  return v;
+}
+
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device) : device_(device) {
+  explicit CudaBackend(const CudaBackendOptions& options) : device_(options.device) {
+    const int device = options.device;
     TRIPOD_CUDA_CHECK(cudaSetDevice(device));
     cudaDeviceProp prop;
     TRIPOD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
@@ -162,10 +203,20 @@ class CudaBackend final : public Backend {
     TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TRIPOD_CUBLAS_CHECK(cublasCreate(&cublas_));
     TRIPOD_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
+    if (options.graphs) {
+      // cuBLAS's own workspace, so that a captured GEMM allocates nothing (NVIDIA's size for
+      // Hopper).
+      cublas_workspace_ = std::make_unique<DeviceBuffer>(size_t{32} << 20);
+      TRIPOD_CUBLAS_CHECK(
+          cublasSetWorkspace(cublas_, cublas_workspace_->p, cublas_workspace_->bytes));
+      graphs_ = std::make_unique<StepGraphs>(stream_, options.max_graphs);
+    }
   }
   ~CudaBackend() override {
     FlushWrites();
+    EndStep();
     cudaStreamSynchronize(stream_);
+    graphs_.reset();
     tables_.clear();
     cublasDestroy(cublas_);
     cudaStreamDestroy(stream_);
@@ -180,6 +231,7 @@ class CudaBackend final : public Backend {
   }
   void Free(float* p) override {
     FlushWrites();
+    EndStep();  // recorded ops may use the memory
     TRIPOD_CUDA_CHECK(cudaFree(p));
   }
 
@@ -213,59 +265,68 @@ class CudaBackend final : public Backend {
              int64_t ld_out) override {
     FlushWrites();
     std::shared_ptr<DeviceBuffer> t = Table(table, /*keep=*/true);
-    const int32_t* d_ids = UploadInts(ids, ids_);
-    cuda::Embed(static_cast<const uint16_t*>(t->p), static_cast<int>(table.cols()), d_ids,
-                static_cast<int>(ids.size()), out, ld_out, stream_);
+    StepOp op = MakeOp(kEmbed, {Word(t->p), Word(table.cols()), 0,
+                                Word(static_cast<int64_t>(ids.size())), Word(out), Word(ld_out)});
+    SetInts(op, 2, ids, ids_);
+    Run(op);
   }
   void RmsNorm(const float* x, int64_t ldx, const PreparedVector& w, int m, int n, float eps,
                float* y, int64_t ldy) override {
     FlushWrites();
-    cuda::RmsNorm(x, ldx, w.data(), m, n, eps, y, ldy, stream_);
+    Run(MakeOp(kRmsNorm, {Word(x), Word(ldx), Word(w.data()), Word(m), Word(n), Word(eps), Word(y),
+                          Word(ldy)}));
   }
   void Linear(const PreparedMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
               bool accumulate) override {
     FlushWrites();
     if (m <= 0) return;
     const auto& cw = static_cast<const CudaMatrix&>(w);
-    const int n = static_cast<int>(cw.n()), k = static_cast<int>(cw.k());
-    // A few rows (decode): our bandwidth-bound kernel on the fp32 activations as they are.
-    if (cuda::Gemv(cw.w(), n, k, x, ldx, m, y, ldy, accumulate, stream_)) return;
-    auto* xb = static_cast<uint16_t*>(act_.Get(sizeof(uint16_t) * m * k));
-    cuda::ToBf16(x, ldx, m, k, xb, stream_);
-    // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(op) x^T.
-    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    TRIPOD_CUBLAS_CHECK(cublasGemmEx(
-        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, cw.w(), CUDA_R_16BF, k, xb, CUDA_R_16BF,
-        k, &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (Recording()) act_.Get(sizeof(uint16_t) * m * cw.k());  // no allocation once captured
+    Run(MakeOp(kLinear, {Word(cw.w()), Word(cw.n()), Word(cw.k()), Word(x), Word(m), Word(ldx),
+                         Word(y), Word(ldy), Word(int64_t{accumulate})}));
   }
   void AddBias(float* x, int64_t ldx, const PreparedVector& b, int m, int n) override {
     FlushWrites();
-    cuda::AddBias(x, ldx, b.data(), m, n, stream_);
+    Run(MakeOp(kAddBias, {Word(x), Word(ldx), Word(b.data()), Word(m), Word(n)}));
   }
   void AddScaled(const float* x, int64_t ldx, float alpha, int m, int n, float* y,
                  int64_t ldy) override {
     FlushWrites();
-    cuda::AddScaled(x, ldx, alpha, m, n, y, ldy, stream_);
+    Run(MakeOp(kAddScaled,
+               {Word(x), Word(ldx), Word(alpha), Word(m), Word(n), Word(y), Word(ldy)}));
   }
   void Rope(float* x, int64_t ldx, int m, int n_heads, int head_dim, const RopeAngles& a) override {
     FlushWrites();
-    cuda::Rope(x, ldx, m, n_heads, head_dim, a.cos, a.sin, a.rope_dims, a.halves, stream_);
+    Run(MakeOp(kRope, {Word(x), Word(ldx), Word(m), Word(n_heads), Word(head_dim), Word(a.cos),
+                       Word(a.sin), Word(a.rope_dims), Word(int64_t{a.halves})}));
   }
   void SwiGlu(const float* gu, int64_t ldgu, int m, int n, float* out, int64_t ldo) override {
     FlushWrites();
-    cuda::SwiGlu(gu, ldgu, m, n, out, ldo, stream_);
+    Run(MakeOp(kSwiGlu, {Word(gu), Word(ldgu), Word(m), Word(n), Word(out), Word(ldo)}));
   }
   void GatherRows(const float* src, int64_t lds, std::span<const int32_t> src_rows, int n,
                   float* dst, int64_t ldd) override {
     FlushWrites();
-    const int32_t* rows = UploadInts(src_rows, rows_);
-    cuda::GatherRows(src, lds, rows, static_cast<int>(src_rows.size()), n, dst, ldd, stream_);
+    StepOp op =
+        MakeOp(kGatherRows, {Word(src), Word(lds), 0, Word(static_cast<int64_t>(src_rows.size())),
+                             Word(n), Word(dst), Word(ldd)});
+    SetInts(op, 2, src_rows, rows_);
+    Run(op);
+  }
+
+  // Graphs: from here to the next ToHost (or Synchronize) is one decode step (backend.h).
+  void BeginGraphStep() override {
+    if (!graphs_) return;
+    FlushWrites();
+    EndStep();
+    graphs_->Begin();
   }
 
   // Writes wait in a batch until the next op (one launch for every sequence of a layer).
   void WriteKv(const float* k, const float* v, int m, int64_t ld, int n_kv_heads, int head_dim,
                const KvLayerRef& kv, int64_t slot_begin) override {
     if (m <= 0) return;
+    op_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     if (!pending_.empty() && (pending_heads_ != n_kv_heads || pending_hd_ != head_dim ||
                               pending_.size() == static_cast<size_t>(cuda::kMaxKvWrites))) {
       FlushWrites();
@@ -277,6 +338,12 @@ class CudaBackend final : public Backend {
 
   void Attention(std::span<const AttentionArgs> seqs) override {
     FlushWrites();
+    if (Recording()) {
+      // A step with prefill rows (the tensor-core kernel, chosen per call) is not recorded.
+      for (const AttentionArgs& a : seqs) {
+        if (a.n_q >= cuda::kMmaMinQueries) EndStep();
+      }
+    }
     for (size_t begin = 0; begin < seqs.size(); begin += cuda::kMaxAttnSeqs) {
       const size_t n = std::min<size_t>(cuda::kMaxAttnSeqs, seqs.size() - begin);
       cuda::AttnBatch b;
@@ -285,7 +352,8 @@ class CudaBackend final : public Backend {
         const AttentionArgs& a = seqs[begin + i];
         blocks += BlocksOf(a.kv, int64_t{a.n_past} + a.n_q);
       }
-      ReserveTables(blocks);
+      if (!Recording()) ReserveTables(blocks);
+      int64_t table_at[cuda::kMaxAttnSeqs];
       for (size_t i = 0; i < n; ++i) {
         const AttentionArgs& a = seqs[begin + i];
         if (i == 0) {
@@ -304,7 +372,7 @@ class CudaBackend final : public Backend {
         s.out_stride = a.out_stride;
         s.n_q = a.n_q;
         s.n_past = a.n_past;
-        s.kv = View(a.kv, a.head_dim, int64_t{a.n_past} + a.n_q);
+        s.kv = View(a.kv, a.head_dim, int64_t{a.n_past} + a.n_q, &table_at[i]);
         b.max_n_q = std::max(b.max_n_q, a.n_q);
       }
       // Decode with few sequences fills few blocks (one per sequence and KV head): split each
@@ -315,10 +383,14 @@ class CudaBackend final : public Backend {
         const int blocks = b.n_seqs * b.n_kv_heads;
         const int by_size = std::max(1, max_slots / 64);
         b.splits = std::clamp(2 * sm_count_ / std::max(blocks, 1), 1, std::min(by_size, 64));
-        if (b.splits > 1) {
+        if (b.splits > 1 && !Recording()) {
           b.partial = static_cast<float*>(
               partial_.Get(sizeof(float) * b.n_seqs * b.n_heads * b.splits * (b.head_dim + 2)));
         }
+      }
+      if (Recording()) {
+        RecordAttention(b, table_at);
+        continue;
       }
       if (cuda::AttentionMma(b, stream_)) continue;
       if (!cuda::Attention(b, stream_)) {
@@ -332,9 +404,11 @@ class CudaBackend final : public Backend {
 
   void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
     FlushWrites();
+    EndStep();  // it waits for its results: not a graph's
     for (const AttentionScoreArgs& a : seqs) {
       if (a.n_q == 0 || a.n_keys == 0) continue;
       ReserveTables(BlocksOf(a.kv, a.n_keys));
+      int64_t no_table;
       cuda::ScoreArgs s;
       s.q = a.q;
       s.q_stride = a.q_stride;
@@ -346,7 +420,7 @@ class CudaBackend final : public Backend {
       s.head_dim = a.head_dim;
       s.scale = a.scale;
       s.ramp = a.ramp_weights;
-      s.kv = View(a.kv, a.head_dim, a.n_keys);
+      s.kv = View(a.kv, a.head_dim, a.n_keys, &no_table);
       const size_t cells = size_t{1} * a.n_kv_heads * a.n_keys;
       auto* dev = static_cast<float*>(
           scores_.Get(sizeof(float) * (2 * cells + 2 * size_t{1} * a.n_q * a.n_heads)));
@@ -364,12 +438,20 @@ class CudaBackend final : public Backend {
 
   void ToHost(const float* src, size_t n, float* host_dst) override {
     FlushWrites();
+    EndStep();
     TRIPOD_CUDA_CHECK(
         cudaMemcpyAsync(host_dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   void FromHost(const float* host_src, size_t n, float* dst) override {
     FlushWrites();
+    if (Recording()) {
+      StepOp op = MakeOp(kCopy, {graphs_->tape().Stage(host_src, n * sizeof(float)), Word(dst),
+                                 Word(static_cast<int64_t>(n * sizeof(float)))});
+      op.arena_args = 1;
+      Run(op);
+      return;
+    }
     // From pageable memory the copy is staged before the call returns (the source may change).
     TRIPOD_CUDA_CHECK(
         cudaMemcpyAsync(dst, host_src, n * sizeof(float), cudaMemcpyHostToDevice, stream_));
@@ -395,23 +477,34 @@ class CudaBackend final : public Backend {
 
   void Synchronize() override {
     FlushWrites();
+    EndStep();
     TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
 
   std::optional<KvMemory> DeviceKvMemory() override {
     KvMemory m;
-    m.alloc = [stream = stream_](size_t bytes) -> uint8_t* {
+    // Any thread allocates and frees (a KV link's buffer on its own thread), while this backend's
+    // thread may be capturing a step on the compute stream: these never enqueue on that stream,
+    // and wait for it only outside a capture.
+    m.alloc = [](size_t bytes) -> uint8_t* {
       void* p = nullptr;
       if (cudaMalloc(&p, bytes) != cudaSuccess) {
         cudaGetLastError();  // clear it: the caller reports the shortage
         return nullptr;
       }
-      TRIPOD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
-      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(stream));
+      TRIPOD_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, cudaStreamPerThread));
+      TRIPOD_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
       return static_cast<uint8_t*>(p);
     };
     m.free = [this](uint8_t* p) {
-      Synchronize();  // no write still waiting for (or running on) the memory
+      if (op_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+        Synchronize();  // this thread's waiting writes and recorded step may use the memory
+      } else if (graphs_) {
+        std::lock_guard<std::mutex> no_capture(graphs_->capture_mutex());
+        cudaStreamSynchronize(stream_);
+      } else {
+        cudaStreamSynchronize(stream_);
+      }
       cudaFree(p);
     };
     // Callers order these after the ops that touch the same bytes (kv_memory.h), so they need not
@@ -550,13 +643,18 @@ class CudaBackend final : public Backend {
   }
 
   // KvLayerRef -> KvView. A block table that maps block b to b (a contiguous cache) needs none on
-  // the device; another table's blocks up to `slots` are copied into this call's table space.
-  cuda::KvView View(const KvLayerRef& kv, int head_dim, int64_t slots) {
+  // the device; another table's blocks up to `slots` are copied into this call's table space, or
+  // staged while a step is recorded (*table_at: its offset there, for a PointAt; else -1).
+  cuda::KvView View(const KvLayerRef& kv, int head_dim, int64_t slots, int64_t* table_at) {
     cuda::KvView v = ViewWithoutTable(kv, head_dim);
     const int64_t blocks = static_cast<int64_t>(BlocksOf(kv, slots));
     bool identity = true;
     for (int64_t b = 0; b < blocks && identity; ++b) identity = kv.block_ids[b] == b;
-    if (!identity) {
+    *table_at = -1;
+    if (!identity && Recording()) {
+      *table_at = static_cast<int64_t>(graphs_->tape().StageTable(
+          std::span<const int32_t>(kv.block_ids, static_cast<size_t>(blocks))));
+    } else if (!identity) {
       table_host_.assign(kv.block_ids, kv.block_ids + blocks);
       // Each view of one call gets its own stretch of the table space (ReserveTables).
       if (!block_tables_.buf || block_tables_.buf->bytes < (tables_used_ + blocks) * 4) {
@@ -580,10 +678,12 @@ class CudaBackend final : public Backend {
     int64_t slot_begin;
   };
   void FlushWrites() {
+    op_thread_.store(std::this_thread::get_id(), std::memory_order_relaxed);
     if (pending_.empty()) return;
     size_t blocks = 0;
     for (const PendingWrite& p : pending_) blocks += BlocksOf(p.kv, p.slot_begin + p.m);
-    ReserveTables(blocks);
+    if (!Recording()) ReserveTables(blocks);
+    int64_t table_at[cuda::kMaxKvWrites];
     cuda::KvWriteBatch b;
     b.n_kv_heads = pending_heads_;
     b.head_dim = pending_hd_;
@@ -594,11 +694,152 @@ class CudaBackend final : public Backend {
       w.ld = p.ld;
       w.n = p.m;
       w.slot_begin = static_cast<int>(p.slot_begin);
-      w.kv = View(p.kv, pending_hd_, p.slot_begin + p.m);
+      w.kv = View(p.kv, pending_hd_, p.slot_begin + p.m, &table_at[b.count - 1]);
       b.max_n = std::max(b.max_n, p.m);
     }
     pending_.clear();
-    cuda::WriteKv(b, stream_);
+    if (!Recording()) return cuda::WriteKv(b, stream_);
+    // The batch's used part, staged; its tables' addresses resolved at upload.
+    StepTape& tape = graphs_->tape();
+    const uint64_t at =
+        tape.Stage(&b, offsetof(cuda::KvWriteBatch, w) + sizeof(cuda::KvWrite) * b.count);
+    for (int i = 0; i < b.count; ++i) {
+      if (table_at[i] < 0) continue;
+      tape.PointAt(at + offsetof(cuda::KvWriteBatch, w) + sizeof(cuda::KvWrite) * i +
+                       offsetof(cuda::KvWrite, kv) + offsetof(cuda::KvView, block_ids),
+                   StepRegion::kTables, static_cast<uint64_t>(table_at[i]));
+    }
+    StepOp op =
+        MakeOp(kWriteKv, {at, Word(b.count), Word(b.n_kv_heads), Word(b.head_dim), Word(b.max_n)});
+    op.arena_args = 1;
+    Run(op);
+  }
+
+  // An attention batch of a recorded step, staged as WriteKv's (the split-merging scratch in the
+  // step's device-only scratch).
+  void RecordAttention(const cuda::AttnBatch& b, const int64_t* table_at) {
+    StepTape& tape = graphs_->tape();
+    const uint64_t at =
+        tape.Stage(&b, offsetof(cuda::AttnBatch, seqs) + sizeof(cuda::AttnSeq) * b.n_seqs);
+    for (int i = 0; i < b.n_seqs; ++i) {
+      if (table_at[i] < 0) continue;
+      tape.PointAt(at + offsetof(cuda::AttnBatch, seqs) + sizeof(cuda::AttnSeq) * i +
+                       offsetof(cuda::AttnSeq, kv) + offsetof(cuda::KvView, block_ids),
+                   StepRegion::kTables, static_cast<uint64_t>(table_at[i]));
+    }
+    if (b.splits > 1) {
+      const uint64_t partial =
+          tape.Scratch(sizeof(float) * b.n_seqs * b.n_heads * b.splits * (b.head_dim + 2));
+      tape.PointAt(at + offsetof(cuda::AttnBatch, partial), StepRegion::kScratch, partial);
+    }
+    StepOp op = MakeOp(kAttention, {at, Word(b.n_seqs), Word(b.n_heads), Word(b.n_kv_heads),
+                                    Word(b.head_dim), Word(b.max_n_q), Word(b.splits)});
+    op.arena_args = 1;
+    Run(op);
+  }
+
+  bool Recording() const { return graphs_ && graphs_->recording(); }
+
+ public:
+  CudaGraphStats graph_stats() const {
+    if (!graphs_) return {};
+    const StepGraphs::Counts& c = graphs_->counts();
+    return CudaGraphStats{c.replays, c.captures, c.runs, graphs_->graphs()};
+  }
+
+ private:
+  // Runs an op now, or records it while a step is recorded.
+  void Run(const StepOp& op) {
+    if (Recording()) {
+      graphs_->tape().Push(op);
+    } else {
+      Launch(op, nullptr);
+    }
+  }
+
+  // Ends a recorded step: runs it (StepGraphs::Flush). A no-op when none is recorded.
+  void EndStep() {
+    if (!Recording()) return;
+    graphs_->Flush([this](const StepOp& op, uint8_t* arena) { Launch(op, arena); },
+                   Word(act_.buf ? act_.buf->p : nullptr));
+  }
+
+  // The ids argument i of `op`: staged while recording, else uploaded into `where`.
+  void SetInts(StepOp& op, int i, std::span<const int32_t> ids, Scratch& where) {
+    if (Recording()) {
+      op.a[i] = graphs_->tape().Stage(ids.data(), ids.size_bytes());
+      op.arena_args |= 1u << i;
+    } else {
+      op.a[i] = Word(UploadInts(ids, where));
+    }
+  }
+
+  // Enqueues one op (recorded or not) on the stream.
+  void Launch(const StepOp& op, uint8_t* arena) {
+    switch (op.kind) {
+      case kEmbed:
+        return cuda::Embed(Ptr<const uint16_t>(op, 0, arena), I32(op, 1),
+                           Ptr<const int32_t>(op, 2, arena), I32(op, 3), Ptr<float>(op, 4, arena),
+                           Int(op, 5), stream_);
+      case kRmsNorm:
+        return cuda::RmsNorm(Ptr<const float>(op, 0, arena), Int(op, 1),
+                             Ptr<const float>(op, 2, arena), I32(op, 3), I32(op, 4), Flt(op, 5),
+                             Ptr<float>(op, 6, arena), Int(op, 7), stream_);
+      case kLinear:
+        return LaunchLinear(Ptr<const uint16_t>(op, 0, arena), I32(op, 1), I32(op, 2),
+                            Ptr<const float>(op, 3, arena), I32(op, 4), Int(op, 5),
+                            Ptr<float>(op, 6, arena), Int(op, 7), Int(op, 8) != 0);
+      case kAddBias:
+        return cuda::AddBias(Ptr<float>(op, 0, arena), Int(op, 1), Ptr<const float>(op, 2, arena),
+                             I32(op, 3), I32(op, 4), stream_);
+      case kAddScaled:
+        return cuda::AddScaled(Ptr<const float>(op, 0, arena), Int(op, 1), Flt(op, 2), I32(op, 3),
+                               I32(op, 4), Ptr<float>(op, 5, arena), Int(op, 6), stream_);
+      case kRope:
+        return cuda::Rope(Ptr<float>(op, 0, arena), Int(op, 1), I32(op, 2), I32(op, 3), I32(op, 4),
+                          Ptr<const float>(op, 5, arena), Ptr<const float>(op, 6, arena),
+                          I32(op, 7), Int(op, 8) != 0, stream_);
+      case kSwiGlu:
+        return cuda::SwiGlu(Ptr<const float>(op, 0, arena), Int(op, 1), I32(op, 2), I32(op, 3),
+                            Ptr<float>(op, 4, arena), Int(op, 5), stream_);
+      case kGatherRows:
+        return cuda::GatherRows(Ptr<const float>(op, 0, arena), Int(op, 1),
+                                Ptr<const int32_t>(op, 2, arena), I32(op, 3), I32(op, 4),
+                                Ptr<float>(op, 5, arena), Int(op, 6), stream_);
+      case kCopy:
+        TRIPOD_CUDA_CHECK(cudaMemcpyAsync(Ptr<void>(op, 1, arena), Ptr<const void>(op, 0, arena),
+                                          static_cast<size_t>(Int(op, 2)), cudaMemcpyDeviceToDevice,
+                                          stream_));
+        return;
+      case kWriteKv: {
+        const cuda::KvWriteShape sh{I32(op, 1), I32(op, 2), I32(op, 3), I32(op, 4)};
+        return cuda::WriteKvAt(sh, Ptr<const cuda::KvWriteBatch>(op, 0, arena), stream_);
+      }
+      case kAttention: {
+        const cuda::AttnShape sh{I32(op, 1), I32(op, 2), I32(op, 3),
+                                 I32(op, 4), I32(op, 5), I32(op, 6)};
+        if (!cuda::AttentionAt(sh, Ptr<const cuda::AttnBatch>(op, 0, arena), stream_)) {
+          Fatal(absl::StrCat("attention: head_dim ", sh.head_dim, " with ", sh.n_heads,
+                             " heads over ", sh.n_kv_heads, " KV heads is not covered"));
+        }
+        return;
+      }
+      default:
+        Fatal(absl::StrCat("unknown recorded op ", op.kind));
+    }
+  }
+
+  void LaunchLinear(const uint16_t* w, int n, int k, const float* x, int m, int64_t ldx, float* y,
+                    int64_t ldy, bool accumulate) {
+    // A few rows (decode): our bandwidth-bound kernel on the fp32 activations as they are.
+    if (cuda::Gemv(w, n, k, x, ldx, m, y, ldy, accumulate, stream_)) return;
+    auto* xb = static_cast<uint16_t*>(act_.Get(sizeof(uint16_t) * m * k));
+    cuda::ToBf16(x, ldx, m, k, xb, stream_);
+    // Row-major y[m, n] = x[m, k] W[n, k]^T is column-major y^T = W^T(op) x^T.
+    const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    TRIPOD_CUBLAS_CHECK(cublasGemmEx(
+        cublas_, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &alpha, w, CUDA_R_16BF, k, xb, CUDA_R_16BF, k,
+        &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   // Room for `blocks` block ids of non-contiguous tables, for the views of the call that starts
@@ -617,6 +858,11 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Scratch act_, ids_, rows_, scores_, block_tables_, partial_;
+  std::unique_ptr<DeviceBuffer> cublas_workspace_;
+  std::unique_ptr<StepGraphs> graphs_;  // null: every op launched as called
+  // The thread of the last op (every op flushes the waiting writes first): its frees of KV memory
+  // flush its state; another thread's do not touch it.
+  std::atomic<std::thread::id> op_thread_;
   int sm_count_ = 1;
   std::vector<PendingWrite> pending_;
   int pending_heads_ = 0, pending_hd_ = 0;
@@ -654,9 +900,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOption
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA device ", options.device, " does not exist (", n, " found)"));
   }
-  return std::make_unique<CudaBackend>(options.device);
+  return std::make_unique<CudaBackend>(options);
 }
 
 bool CudaSupportsHeadDim(int head_dim) { return head_dim == 64 || head_dim == 128; }
+
+CudaGraphStats GetCudaGraphStats(Backend& backend) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&backend);
+  return cuda != nullptr ? cuda->graph_stats() : CudaGraphStats{};
+}
 
 }  // namespace tripod

@@ -6,6 +6,8 @@
 // ToHost waits for it.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -16,7 +18,19 @@ namespace tripod {
 
 struct CudaBackendOptions {
   int device = 0;
+  // Decode steps (Backend::BeginGraphStep) replayed as CUDA graphs (step_graph.h), at most
+  // max_graphs of them kept (one per batch shape seen twice).
+  bool graphs = false;
+  size_t max_graphs = 64;
 };
+
+// How a CUDA backend's decode steps ran (StepGraphs): all zero for another backend, or one
+// without graphs.
+struct CudaGraphStats {
+  int64_t replays = 0, captures = 0, runs = 0;  // steps replayed, captured, launched op by op
+  size_t graphs = 0;                            // graphs held now
+};
+CudaGraphStats GetCudaGraphStats(Backend& backend);
 
 // Unavailable (with the reason) when the build has no CUDA or the machine no usable GPU.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options = {});

@@ -65,6 +65,14 @@ struct KvWriteBatch {
   KvWrite w[kMaxKvWrites];
 };
 void WriteKv(const KvWriteBatch& b, cudaStream_t s);
+// What a launch's grid depends on; the rest of a batch is data. A decode step replayed as a CUDA
+// graph (step_graph.h) keeps its batches in device memory, rewritten before each replay, and
+// launches with the shape alone: `at` is the batch's copy there.
+struct KvWriteShape {
+  int count = 0, n_kv_heads = 0, head_dim = 0, max_n = 0;
+};
+KvWriteShape ShapeOf(const KvWriteBatch& b);
+void WriteKvAt(const KvWriteShape& shape, const KvWriteBatch* at, cudaStream_t s);
 
 // Slots [slot0, slot0 + n) of kv as the KV-chunk payload's rows ([K, V][kv_head][slot], head_dim
 // elements each, K in row order) and back (kv_rows.cu). f32, f16, bf16.
@@ -103,6 +111,12 @@ inline constexpr int kMmaMinQueries = 16;
 bool AttentionMma(const AttnBatch& b, cudaStream_t s);
 // False when head_dim or the group size is one the kernels do not cover (then nothing ran).
 bool Attention(const AttnBatch& b, cudaStream_t s);
+// The CUDA-core kernel (never the tensor-core one) on a batch in device memory, as WriteKvAt.
+struct AttnShape {
+  int n_seqs = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, max_n_q = 0, splits = 1;
+};
+AttnShape ShapeOf(const AttnBatch& b);
+bool AttentionAt(const AttnShape& shape, const AttnBatch* at, cudaStream_t s);
 
 // Draft scoring for one sequence (AttentionScoreArgs), into device buffers max_out and sum_out
 // ([n_kv_heads][n_keys], overwritten); stats: device scratch of 2 * n_q * n_heads floats.

@@ -16,4 +16,6 @@ std::string CudaUnavailableReason() {
 
 bool CudaSupportsHeadDim(int) { return false; }
 
+CudaGraphStats GetCudaGraphStats(Backend&) { return {}; }
+
 }  // namespace tripod

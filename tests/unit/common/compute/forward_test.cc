@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "common/compute/cpu/cpu_backend.h"
+#include "common/compute/forwarding_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "tests/unit/test_model.h"
 
@@ -206,6 +208,92 @@ TEST_F(ForwardTest, KvHookErrorStopsTheForward) {
   EXPECT_EQ(last, 3);
   EXPECT_FALSE(LayerWritten(*kv, 4, 5));
   EXPECT_TRUE(logits.empty());
+}
+
+// Logs the calls a graph step cares about: where a step begins, the ops inside, where it ends.
+class StepLog final : public ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  std::vector<std::string> calls;
+  void BeginGraphStep() override { calls.push_back("begin"); }
+  void Embed(const GgufTensorInfo& t, std::span<const int32_t> ids, float* out,
+             int64_t ld) override {
+    calls.push_back("embed");
+    ForwardingBackend::Embed(t, ids, out, ld);
+  }
+  void FromHost(const float* src, size_t n, float* dst) override {
+    calls.push_back("from_host");
+    ForwardingBackend::FromHost(src, n, dst);
+  }
+  void Attention(std::span<const AttentionArgs> seqs) override {
+    calls.push_back("attention");
+    ForwardingBackend::Attention(seqs);
+  }
+  void AttentionScores(std::span<const AttentionScoreArgs> seqs) override {
+    calls.push_back("scores");
+    ForwardingBackend::AttentionScores(seqs);
+  }
+  void ToHost(const float* src, size_t n, float* dst) override {
+    calls.push_back("to_host");
+    ForwardingBackend::ToHost(src, n, dst);
+  }
+};
+
+// A decode step (one token per sequence, logits wanted, nothing heard between layers) is marked
+// as a graph step before its first op and ends with its only ToHost; a step with more tokens, no
+// logits, a K/V hook or captured attention is not marked, since a backend could not replay it
+// whole. The logits are the same either way.
+TEST_F(ForwardTest, DecodeStepsAreMarkedAsGraphSteps) {
+  const int L = model_->config.n_layers;
+  const std::vector<int32_t> ids = SomeIds(12, 7);
+  auto kv = NewCache(2, 32);
+  StepLog log(*backend_);
+  ForwardWorkspace ws(log);
+  const ForwardPlan plan = ForwardPlan::Full(L);
+  std::vector<float> logits;
+  StepBatch pre;
+  pre.AddSequence(0, ids.data(), 6, 0, 0, true);
+  pre.AddSequence(1, ids.data() + 6, 6, 0, 0, true);
+  ASSERT_TRUE(Forward(*model_, log, plan, pre, *kv, ws, &logits).ok());
+  EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "begin"), 0);
+
+  auto decode = [&](int pos) {
+    StepBatch b;
+    const int32_t t[2] = {ids[0], ids[1]};
+    b.AddSequence(0, &t[0], 1, pos, pos, true);
+    b.AddSequence(1, &t[1], 1, pos, pos, true);
+    return b;
+  };
+  log.calls.clear();
+  ASSERT_TRUE(Forward(*model_, log, plan, decode(6), *kv, ws, &logits).ok());
+  ASSERT_FALSE(log.calls.empty());
+  EXPECT_EQ(log.calls.front(), "begin");
+  EXPECT_EQ(log.calls.back(), "to_host");
+  EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "begin"), 1);
+  EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "to_host"), 1);
+  EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "attention"), L);
+  const std::vector<float> marked = logits;
+
+  // The same step, unmarked, on the CPU backend directly: the same logits.
+  auto kv2 = NewCache(2, 32);
+  ForwardWorkspace ws2(*backend_);
+  ASSERT_TRUE(Forward(*model_, *backend_, plan, pre, *kv2, ws2, &logits).ok());
+  ASSERT_TRUE(Forward(*model_, *backend_, plan, decode(6), *kv2, ws2, &logits).ok());
+  EXPECT_EQ(logits, marked);
+
+  // Not graph steps: no logits; a K/V hook; captured attention.
+  log.calls.clear();
+  ASSERT_TRUE(Forward(*model_, log, plan, decode(7), *kv, ws, nullptr).ok());
+  ASSERT_TRUE(Forward(*model_, log, plan, decode(7), *kv, ws, &logits, [](int, int) {
+                return absl::OkStatus();
+              }).ok());
+  ForwardPlan scoring = plan;
+  scoring.capture.window = 1;
+  scoring.capture.layers.assign(L, 1);
+  std::vector<CapturedAttention> captured;
+  ASSERT_TRUE(Forward(*model_, log, scoring, decode(7), *kv, ws, &logits, {}, &captured).ok());
+  EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "begin"), 0);
+  EXPECT_GT(std::count(log.calls.begin(), log.calls.end(), "scores"), 0);
 }
 
 }  // namespace
