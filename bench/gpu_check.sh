@@ -1,49 +1,76 @@
 #!/usr/bin/env bash
-# The CUDA backend's device check (issue: CUDA backend), in two halves:
+# The CUDA backend's device check (issue: CUDA backend), in three steps over two calls:
 #   bench/gpu_check.sh pack   here, on the build machine: builds bench/gpu_check for sm_90 (the
-#                             release preset finds nvcc), makes the CPU's fp32 reference of the
-#                             bundled model (bench/gpu_reference), and puts the binary, the
-#                             shared libraries it needs that a CUDA image lacks (abseil, xxhash),
-#                             the reference and the model, split in two parts, under .gpu/.
-#   bench/gpu_check.sh run    on the GPU machine: joins the model (the first part copied to
-#                             /tmp/tripod_gpu by an earlier call, see below), runs the check,
-#                             prints its tables and writes $OUT/gpu_check.jsonl when OUT is set.
-# The GPU machine cannot build the project (no abseil, gRPC, oneDNN there) and takes at most
-# 64 MiB per call, less than the model: a first call carries .gpu/model.1 and copies it to
-# /tmp/tripod_gpu (bench/gpu_check.sh stage), the second carries the rest and runs.
+#                             release preset finds nvcc) and the service's binaries, makes the
+#                             CPU's fp32 reference of the bundled model (bench/gpu_reference),
+#                             and puts under .gpu/: the check's binary, the shared libraries it
+#                             needs that a CUDA image lacks (abseil, xxhash), the reference, the
+#                             service's binaries and libraries (workers.tar.xz) and the model,
+#                             xz-compressed and split in two parts.
+#   bench/gpu_check.sh stage  first call on the GPU machine (carry .gpu/model.1 and
+#                             .gpu/workers.tar.xz): copies them to /tmp/tripod_gpu.
+#   bench/gpu_check.sh run    second call, at once (the machine stays warm 30 s; carry
+#                             .gpu/model.2 .gpu/gpu_check .gpu/lib .gpu/reference.json
+#                             .gpu/model.sha256): joins and unpacks the model, runs the check,
+#                             prints its tables, then the service on the GPU
+#                             (bench/gpu_serve_check.py); JSON lines to $OUT when OUT is set.
+# The GPU machine cannot build the project (no abseil, gRPC, oneDNN there), takes at most 64 MiB
+# per call (the repository's files included), and has python3 (its standard library unpacks the
+# .xz files, whether or not xz is there) and NCCL only as PyTorch's wheel (found at run time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode="${1:-}"
 case "$mode" in
   pack)
     cmake --preset release >/dev/null
-    cmake --build build/release -j "$(nproc)" --target bench_gpu_check bench_gpu_reference
+    cmake --build build/release -j "$(nproc)" --target bench_gpu_check bench_gpu_reference \
+      tripod tripod-prefill tripod-decode tripod-scheduler
     rm -rf .gpu && mkdir -p .gpu/lib
     model="${TRIPOD_MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}"
     [[ -f "$model" ]] || { echo "no model at $model: run scripts/setup" >&2; exit 1; }
     build/release/bench/gpu_reference --model "$model" --out .gpu/reference.json
     cp build/release/bench/gpu_check .gpu/
-    # Every library but the C/C++ runtime and CUDA's own (the GPU machine has those).
-    ldd build/release/bench/gpu_check | awk '$3 ~ /^\// {print $3}' |
-      grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|libcublas|libcublasLt)\.so' |
+    # Every library but the C/C++ runtime and CUDA's own (the GPU machine has those; NCCL is
+    # there as a Python wheel).
+    skip='/(libc|libm|libstdc\+\+|libgcc_s|libpthread|librt|libdl|libcublas|libcublasLt|libnccl)\.so'
+    ldd build/release/bench/gpu_check | awk '$3 ~ /^\// {print $3}' | grep -v -E "$skip" |
       xargs -r -I{} cp -L {} .gpu/lib/
-    size=$(stat -c %s "$model")
-    half=$(( (size / 2 + 4095) / 4096 * 4096 ))
-    head -c "$half" "$model" > .gpu/model.1
-    tail -c +$((half + 1)) "$model" > .gpu/model.2
+    # The service: tripod (serve) and the workers it starts, stripped, with their libraries.
+    w=$(mktemp -d) && mkdir -p "$w/workers/lib"
+    bins=(tripod tripod-prefill tripod-decode tripod-scheduler)
+    for b in "${bins[@]}"; do strip -o "$w/workers/$b" "build/release/$b"; done
+    for b in "${bins[@]}"; do ldd "build/release/$b"; done | awk '$3 ~ /^\// {print $3}' |
+      sort -u | grep -v -E "$skip" | xargs -r -I{} cp -L {} "$w/workers/lib/"
+    tar -C "$w" -cJf .gpu/workers.tar.xz workers && rm -rf "$w"
+    # The model, compressed, split so that each call stays under 64 MiB with the repository's
+    # files: the first part fills the first call (with workers.tar.xz), the rest goes with the
+    # check's binary.
+    xz -T0 -6 -c "$model" > .gpu/model.xz
+    tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s+=$1} END {print s}')
+    room=$(( 64 * 1048576 - tree - $(stat -c %s .gpu/workers.tar.xz) - 2 * 1048576 ))
+    head -c "$room" .gpu/model.xz > .gpu/model.1
+    tail -c +$((room + 1)) .gpu/model.xz > .gpu/model.2
+    rm .gpu/model.xz
     sha256sum "$model" | cut -d' ' -f1 > .gpu/model.sha256
-    du -sh .gpu .gpu/*
+    du -sh .gpu/* .gpu
+    echo "call 1 carries $(( (tree + $(stat -c %s .gpu/model.1 .gpu/workers.tar.xz | paste -sd+ | bc)) / 1048576 )) MiB," \
+      "call 2 $(( (tree + $(du -sb .gpu/model.2 .gpu/gpu_check .gpu/lib .gpu/reference.json | awk '{s+=$1} END {print s}')) / 1048576 )) MiB"
     ;;
   stage)
-    mkdir -p /tmp/tripod_gpu && cp .gpu/model.1 /tmp/tripod_gpu/ && ls -la /tmp/tripod_gpu
+    mkdir -p /tmp/tripod_gpu && cp .gpu/model.1 .gpu/workers.tar.xz /tmp/tripod_gpu/ &&
+      ls -la /tmp/tripod_gpu
     ;;
   run)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv || true
+    py=python3
     args=()
-    if [[ -f /tmp/tripod_gpu/model.1 && -f .gpu/model.2 ]]; then
-      cat /tmp/tripod_gpu/model.1 .gpu/model.2 > /tmp/tripod_gpu/model.gguf
-      if [[ "$(sha256sum /tmp/tripod_gpu/model.gguf | cut -d' ' -f1)" == "$(cat .gpu/model.sha256)" ]]; then
-        args+=(--model /tmp/tripod_gpu/model.gguf --reference .gpu/reference.json)
+    g=/tmp/tripod_gpu
+    if [[ -f $g/model.1 && -f .gpu/model.2 ]]; then
+      cat $g/model.1 .gpu/model.2 > $g/model.xz
+      $py -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' \
+        $g/model.xz $g/model.gguf
+      if [[ "$(sha256sum $g/model.gguf | cut -d' ' -f1)" == "$(cat .gpu/model.sha256)" ]]; then
+        args+=(--model $g/model.gguf --reference .gpu/reference.json)
       else
         echo "model parts do not join to the packed model: the model check will fail"
       fi
@@ -53,7 +80,28 @@ case "$mode" in
     export LD_LIBRARY_PATH="$PWD/.gpu/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     out=()
     [[ -n "${OUT:-}" ]] && out=(--out "$OUT/gpu_check.jsonl")
-    .gpu/gpu_check "${args[@]}" "${out[@]}" "${@:2}"
+    status=0
+    .gpu/gpu_check "${args[@]}" "${out[@]}" "${@:2}" || status=$?
+    # The service on the GPU, when its binaries were staged and NCCL's library is found.
+    echo
+    echo "4. the service on the GPU (tripod serve --backend cuda)"
+    nccl=$($py -c 'import glob, os, nvidia.nccl as n; print(os.path.dirname(glob.glob(os.path.join(list(n.__path__)[0], "lib", "libnccl.so*"))[0]))' 2>/dev/null ||
+      dirname "$(find / -name 'libnccl.so.2' -print -quit 2>/dev/null)" 2>/dev/null || true)
+    if [[ ! -f $g/workers.tar.xz || ! -f $g/model.gguf ]]; then
+      echo "  not staged (workers.tar.xz, the model): skipped"
+      status=1
+    elif [[ -z "$nccl" || ! -d "$nccl" ]]; then
+      echo "  no libnccl.so.2 on this machine: skipped"
+      status=1
+    else
+      $py -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' $g/workers.tar.xz $g
+      serve_out=()
+      [[ -n "${OUT:-}" ]] && serve_out=(--out "$OUT/gpu_serve.jsonl")
+      LD_LIBRARY_PATH="$g/workers/lib:$nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" \
+        $py bench/gpu_serve_check.py --bin $g/workers --model $g/model.gguf \
+        --reference .gpu/reference.json "${serve_out[@]}" || status=$?
+    fi
+    exit $status
     ;;
   *)
     echo "usage: bench/gpu_check.sh pack | stage | run [gpu_check flags]" >&2

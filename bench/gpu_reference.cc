@@ -42,6 +42,12 @@ absl::Status Run() {
   j["path"] = "cpu fp32, f32 KV";
   j["prompt_ids"] = prompt;
   j["greedy"] = run.tokens;
+  // What the API answers for the first k greedy tokens (bench/gpu_serve_check.py), k = 0..32.
+  std::vector<std::string> texts;
+  for (size_t k = 0; k <= run.tokens.size(); ++k) {
+    texts.push_back(tok->Decode(std::span<const int32_t>(run.tokens.data(), k)));
+  }
+  j["greedy_texts"] = texts;
   j["first_logits"] = run.first_logits;
   std::ofstream(absl::GetFlag(FLAGS_out)) << j.dump();
   std::printf("reference: %zu prompt tokens, %zu greedy tokens -> %s\n", prompt.size(),
