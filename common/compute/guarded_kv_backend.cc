@@ -2,16 +2,23 @@
 // twice with different rights.
 #include "common/compute/guarded_kv_backend.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -27,27 +34,50 @@ namespace {
 class GuardedRegions {
  public:
   uint8_t* Alloc(size_t bytes) {
-    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    const size_t size = std::max(page, (bytes + page - 1) / page * page);
     const int fd = memfd_create("tripod-guarded-kv", MFD_CLOEXEC);
     if (fd < 0) return nullptr;
+    const size_t size = PageRound(bytes);
     if (ftruncate(fd, static_cast<off_t>(size)) != 0) {  // zero-filled
       close(fd);
       return nullptr;
     }
-    void* rw = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    void* guarded = mmap(nullptr, size, PROT_NONE, MAP_SHARED, fd, 0);
-    close(fd);  // the mappings keep the file
-    if (rw == MAP_FAILED || guarded == MAP_FAILED) {
-      if (rw != MAP_FAILED) munmap(rw, size);
-      if (guarded != MAP_FAILED) munmap(guarded, size);
+    return MapTwice(fd, size, "");
+  }
+  // As a GPU's IPC memory: a POSIX shared-memory object another process opens by its name (the
+  // handle), unlinked when its owner frees it.
+  uint8_t* AllocShared(size_t bytes, std::string* handle) {
+    static std::atomic<uint64_t> counter{0};
+    const std::string name = "/tripod-kv-" + std::to_string(getpid()) + "-" +
+                             std::to_string(counter.fetch_add(1)) + "-" +
+                             std::to_string(std::random_device{}());
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) return nullptr;
+    const size_t size = PageRound(bytes);
+    if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+      close(fd);
+      shm_unlink(name.c_str());
       return nullptr;
     }
-    std::lock_guard<std::mutex> lock(mu_);
-    regions_[static_cast<uint8_t*>(guarded)] = Region{size, static_cast<uint8_t*>(rw)};
-    return static_cast<uint8_t*>(guarded);
+    uint8_t* p = MapTwice(fd, size, name);
+    if (p == nullptr) {
+      shm_unlink(name.c_str());
+      return nullptr;
+    }
+    *handle = name;
+    return p;
   }
-
+  uint8_t* OpenShared(const std::string& name, std::string* error) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+    struct stat st {};
+    if (fd < 0 || fstat(fd, &st) != 0) {
+      *error = std::string("shm_open ") + name + ": " + std::strerror(errno);
+      if (fd >= 0) close(fd);
+      return nullptr;
+    }
+    uint8_t* p = MapTwice(fd, static_cast<size_t>(st.st_size), "");
+    if (p == nullptr) *error = "mmap failed";
+    return p;
+  }
   void Free(uint8_t* p) {
     Region r;
     {
@@ -59,8 +89,8 @@ class GuardedRegions {
     }
     munmap(p, r.size);
     munmap(r.rw, r.size);
+    if (!r.shm_name.empty()) shm_unlink(r.shm_name.c_str());
   }
-
   // The writable address of [p, p + bytes), which must lie in one allocation.
   uint8_t* Rw(const uint8_t* p, size_t bytes) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -82,7 +112,27 @@ class GuardedRegions {
   struct Region {
     size_t size = 0;
     uint8_t* rw = nullptr;
+    std::string shm_name;  // a shared object this process made: unlinked with the memory
   };
+  static size_t PageRound(size_t bytes) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return std::max(page, (bytes + page - 1) / page * page);
+  }
+  // Maps fd (closed here) twice: writable, and without rights (the address handed out).
+  uint8_t* MapTwice(int fd, size_t size, std::string shm_name) {
+    void* rw = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* guarded = mmap(nullptr, size, PROT_NONE, MAP_SHARED, fd, 0);
+    close(fd);  // the mappings keep the file
+    if (rw == MAP_FAILED || guarded == MAP_FAILED) {
+      if (rw != MAP_FAILED) munmap(rw, size);
+      if (guarded != MAP_FAILED) munmap(guarded, size);
+      return nullptr;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    regions_[static_cast<uint8_t*>(guarded)] =
+        Region{size, static_cast<uint8_t*>(rw), std::move(shm_name)};
+    return static_cast<uint8_t*>(guarded);
+  }
   [[noreturn]] static void Die(const char* what, const void* p) {
     std::fprintf(stderr, "guarded KV memory: %s (%p)\n", what, p);
     std::abort();
@@ -90,6 +140,16 @@ class GuardedRegions {
   mutable std::mutex mu_;
   std::map<uint8_t*, Region> regions_;
 };
+
+// One "device" per machine (its boot): processes there share memory by name.
+std::string GuardedDeviceName() {
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::string id;
+  std::getline(in, id);
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return std::string("guarded:") + host + ":" + id;
+}
 
 class GuardedKvBackend final : public ForwardingBackend {
  public:
@@ -147,6 +207,14 @@ class GuardedKvBackend final : public ForwardingBackend {
       WriteKvRows(r->Rw(rows, n), heads, head_dim, s0, s1, r->Rw(ref));
     };
     m.hash = [r](const uint8_t* p, size_t n) { return KvLinkHash(r->Rw(p, n), n); };
+    m.alloc_shared = [r](size_t bytes, std::string* handle) {
+      return r->AllocShared(bytes, handle);
+    };
+    m.open_shared = [r](const std::string& handle, std::string* error) {
+      return r->OpenShared(handle, error);
+    };
+    m.close_shared = [r](uint8_t* p) { r->Free(p); };  // not the owner's: nothing to unlink
+    m.device = GuardedDeviceName();
     return m;
   }
 

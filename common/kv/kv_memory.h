@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "common/kv/kv_layout.h"
 
@@ -45,6 +46,16 @@ struct KvMemory {
                      int slot_end, const KvLayerRef& ref)>
       scatter_rows;
   std::function<uint64_t(const uint8_t* bytes, size_t n)> hash;
+
+  // Optional, for a KV link between two processes on one device (an IPC link): memory another
+  // process of the same device can map. alloc_shared is alloc with a handle (opaque bytes) that
+  // names the allocation, freed with free; open_shared maps another process's allocation by its
+  // handle (null, with the reason in *error, when it cannot), close_shared unmaps it. `device`
+  // names the device: two memories with the same non-empty name can share allocations.
+  std::function<uint8_t*(size_t bytes, std::string* handle)> alloc_shared;
+  std::function<uint8_t*(const std::string& handle, std::string* error)> open_shared;
+  std::function<void(uint8_t*)> close_shared;
+  std::string device;
 };
 
 }  // namespace tripod

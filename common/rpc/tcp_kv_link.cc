@@ -11,9 +11,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,26 +75,67 @@ absl::Status ReadAll(int fd, uint8_t* p, size_t n, absl::Time deadline) {
 
 class TcpKvLink final : public KvLink {
  public:
-  TcpKvLink(int fd, const KvMemory& memory) : fd_(fd), memory_(memory) {}
-  ~TcpKvLink() override { close(fd_); }
-  const char* kind() const override { return "tcp"; }
+  TcpKvLink(int fd, const KvMemory& memory, KvLinkSharedBuffer shared)
+      : fd_(fd), memory_(memory), shared_(std::move(shared)) {}
+  ~TcpKvLink() override {
+    close(fd_);
+    if (shared_.p != nullptr && shared_.release) shared_.release(shared_.p);
+  }
+  const char* kind() const override { return shared_.p != nullptr ? "ipc" : "tcp"; }
 
   absl::Status Send(const uint8_t* device, size_t bytes, absl::Duration timeout) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok()) return broken_;
-    host_.resize(bytes);
-    memory_.to_host(host_.data(), device, bytes);
-    return Check(WriteAll(fd_, host_.data(), bytes, absl::Now() + timeout));
+    const absl::Time deadline = absl::Now() + timeout;
+    if (shared_.p == nullptr) {
+      host_.resize(bytes);
+      memory_.to_host(host_.data(), device, bytes);
+      return Check(WriteAll(fd_, host_.data(), bytes, deadline));
+    }
+    // Into the buffer piece by piece, each once the other end took the one before.
+    for (size_t off = 0; off < bytes; off += shared_.bytes) {
+      const uint64_t n = std::min(shared_.bytes, bytes - off);
+      if (awaiting_ack_) {
+        uint8_t ack = 0;
+        if (absl::Status st = Check(ReadAll(fd_, &ack, 1, deadline)); !st.ok()) return st;
+        awaiting_ack_ = false;
+      }
+      memory_.copy(shared_.p, device + off, n);
+      const absl::Status st =
+          Check(WriteAll(fd_, reinterpret_cast<const uint8_t*>(&n), sizeof(n), deadline));
+      if (!st.ok()) return st;
+      awaiting_ack_ = true;
+    }
+    return absl::OkStatus();
   }
   absl::Status Recv(uint8_t* device, size_t bytes, absl::Duration timeout) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (!broken_.ok()) return broken_;
-    host_.resize(bytes);
-    if (absl::Status st = Check(ReadAll(fd_, host_.data(), bytes, absl::Now() + timeout));
-        !st.ok()) {
-      return st;
+    const absl::Time deadline = absl::Now() + timeout;
+    if (shared_.p == nullptr) {
+      host_.resize(bytes);
+      if (absl::Status st = Check(ReadAll(fd_, host_.data(), bytes, deadline)); !st.ok()) {
+        return st;
+      }
+      memory_.from_host(device, host_.data(), bytes);
+      return absl::OkStatus();
     }
-    memory_.from_host(device, host_.data(), bytes);
+    for (size_t off = 0; off < bytes; off += shared_.bytes) {
+      const uint64_t want = std::min(shared_.bytes, bytes - off);
+      uint64_t n = 0;
+      if (absl::Status st =
+              Check(ReadAll(fd_, reinterpret_cast<uint8_t*>(&n), sizeof(n), deadline));
+          !st.ok()) {
+        return st;
+      }
+      if (n != want) {
+        return Check(absl::DataLossError(absl::StrCat(
+            "IPC KV link: a piece of ", n, " bytes where ", want, " were due: out of step")));
+      }
+      memory_.copy(device + off, shared_.p, n);
+      const uint8_t ack = 1;
+      if (absl::Status st = Check(WriteAll(fd_, &ack, 1, deadline)); !st.ok()) return st;
+    }
     return absl::OkStatus();
   }
 
@@ -107,6 +150,8 @@ class TcpKvLink final : public KvLink {
   std::mutex mu_;
   const int fd_;
   const KvMemory& memory_;
+  const KvLinkSharedBuffer shared_;
+  bool awaiting_ack_ = false;  // the last piece sent is not known to be taken yet
   std::vector<uint8_t> host_;
   absl::Status broken_;
 };
@@ -153,20 +198,25 @@ TcpKvLinkListener::~TcpKvLinkListener() { close(fd_); }
 
 absl::StatusOr<std::unique_ptr<KvLink>> TcpKvLinkListener::Accept(uint64_t link_id,
                                                                   const KvMemory& memory,
-                                                                  absl::Duration timeout) {
+                                                                  absl::Duration timeout,
+                                                                  KvLinkSharedBuffer shared) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
-    if (absl::Status st = Await(fd_, POLLIN, deadline, "accept"); !st.ok()) return st;
+    if (absl::Status st = Await(fd_, POLLIN, deadline, "accept"); !st.ok()) {
+      if (shared.p != nullptr && shared.release) shared.release(shared.p);
+      return st;
+    }
     const int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (c < 0) {
       if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
+      if (shared.p != nullptr && shared.release) shared.release(shared.p);
       return Errno("accept");
     }
     uint64_t named = 0;
     if (ReadAll(c, reinterpret_cast<uint8_t*>(&named), sizeof(named), deadline).ok() &&
         named == link_id) {
       NoDelay(c);
-      return std::unique_ptr<KvLink>(std::make_unique<TcpKvLink>(c, memory));
+      return std::unique_ptr<KvLink>(std::make_unique<TcpKvLink>(c, memory, std::move(shared)));
     }
     close(c);  // not this link's peer: wait for the right one
   }
@@ -174,7 +224,12 @@ absl::StatusOr<std::unique_ptr<KvLink>> TcpKvLinkListener::Accept(uint64_t link_
 
 absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host, int port,
                                                          uint64_t link_id, const KvMemory& memory,
-                                                         absl::Duration timeout) {
+                                                         absl::Duration timeout,
+                                                         KvLinkSharedBuffer shared) {
+  // The buffer is released here on every failure, by the link after.
+  auto release = [&shared] {
+    if (shared.p != nullptr && shared.release) shared.release(shared.p);
+  };
   const absl::Time deadline = absl::Now() + timeout;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -183,12 +238,14 @@ absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host
   addrinfo* res = nullptr;
   const std::string service = std::to_string(port);
   if (const int e = getaddrinfo(host.c_str(), service.c_str(), &hints, &res); e != 0) {
+    release();
     return absl::UnavailableError(
         absl::StrCat("TCP KV link: cannot resolve ", host, ": ", gai_strerror(e)));
   }
   const int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) {
     freeaddrinfo(res);
+    release();
     return Errno("socket");
   }
   int r = connect(fd, res->ai_addr, res->ai_addrlen);
@@ -210,10 +267,11 @@ absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host
   }
   if (!st.ok()) {
     close(fd);
+    release();
     return st;
   }
   NoDelay(fd);
-  return std::unique_ptr<KvLink>(std::make_unique<TcpKvLink>(fd, memory));
+  return std::unique_ptr<KvLink>(std::make_unique<TcpKvLink>(fd, memory, std::move(shared)));
 }
 
 }  // namespace tripod

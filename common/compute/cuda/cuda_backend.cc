@@ -200,6 +200,9 @@ class CudaBackend final : public Backend {
     TRIPOD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     name_ = absl::StrCat("cuda:", device, " (", prop.name, ")");
     sm_count_ = prop.multiProcessorCount;
+    device_uuid_ = "cuda:";
+    for (unsigned char c : prop.uuid.bytes)
+      absl::StrAppend(&device_uuid_, absl::Hex(c, absl::kZeroPad2));
     TRIPOD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TRIPOD_CUBLAS_CHECK(cublasCreate(&cublas_));
     TRIPOD_CUBLAS_CHECK(cublasSetStream(cublas_, stream_));
@@ -541,6 +544,41 @@ class CudaBackend final : public Backend {
       KvRowsThroughDevice(ref, heads, head_dim, s0, s1, const_cast<uint8_t*>(rows), false,
                           /*device_rows=*/true);
     };
+    // IPC: a decode worker's link buffer that a prefill worker on the same GPU maps.
+    m.alloc_shared = [](size_t bytes, std::string* handle) -> uint8_t* {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return nullptr;
+      }
+      cudaIpcMemHandle_t h;
+      if (cudaIpcGetMemHandle(&h, p) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(p);
+        return nullptr;
+      }
+      handle->assign(reinterpret_cast<const char*>(&h), sizeof(h));
+      return static_cast<uint8_t*>(p);
+    };
+    m.open_shared = [device = device_](const std::string& handle, std::string* error) -> uint8_t* {
+      if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+        *error = "not a CUDA IPC handle";
+        return nullptr;
+      }
+      cudaIpcMemHandle_t h;
+      std::memcpy(&h, handle.data(), sizeof(h));
+      void* p = nullptr;
+      cudaSetDevice(device);  // this thread's (a link's set-up thread)
+      const cudaError_t e = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        *error = absl::StrCat("cudaIpcOpenMemHandle: ", cudaGetErrorString(e));
+        return nullptr;
+      }
+      return static_cast<uint8_t*>(p);
+    };
+    m.close_shared = [](uint8_t* p) { cudaIpcCloseMemHandle(p); };
+    m.device = device_uuid_;
     m.hash = [](const uint8_t* p, size_t n) {
       cudaStream_t st = cudaStreamPerThread;
       void* sum = nullptr;
@@ -855,6 +893,7 @@ class CudaBackend final : public Backend {
 
   int device_;
   std::string name_;
+  std::string device_uuid_;  // "cuda:" and the GPU's UUID: KvMemory::device
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   Scratch act_, ids_, rows_, scores_, block_tables_, partial_;

@@ -1,6 +1,7 @@
 // KV links without a GPU: KvLinkHash (host and a device memory's agree; every word and its place
 // count), the TCP link between guarded memories (payloads in order, the set-up naming its link,
-// timeouts that break the link), and the receiver's checks of link chunks.
+// timeouts that break the link), the IPC link through a shared buffer, and the receiver's checks
+// of link chunks.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -26,6 +27,13 @@ std::vector<uint8_t> RandomBytes(size_t n, uint32_t seed) {
   std::vector<uint8_t> v(n);
   for (uint8_t& b : v) b = static_cast<uint8_t>(rng());
   return v;
+}
+
+// Device memory of `memory` holding `bytes` (the caller frees it).
+uint8_t* other_alloc(const KvMemory& memory, const std::vector<uint8_t>& bytes) {
+  uint8_t* p = memory.alloc(bytes.size());
+  memory.from_host(p, bytes.data(), bytes.size());
+  return p;
 }
 
 class KvLinkTest : public ::testing::Test {
@@ -107,11 +115,90 @@ TEST_F(KvLinkTest, TcpLinkCarriesPayloadsInOrderBetweenDeviceMemories) {
   EXPECT_FALSE((*sender)->Send(from_a, a.size(), absl::Seconds(5)).ok());
 }
 
+// The IPC link: a TCP connection for the lengths and acknowledgements, the payloads through a
+// buffer the receiver's memory shares and the sender's maps by its handle (here two guarded
+// memories, as two processes on one device would have), in pieces of the buffer's size.
+TEST_F(KvLinkTest, IpcLinkCarriesPayloadsThroughASharedBuffer) {
+  std::unique_ptr<Backend> other = MakeGuardedKvBackend(MakeCpuBackend(CpuBackendOptions{}));
+  const KvMemory sender_memory = *other->DeviceKvMemory();
+  ASSERT_FALSE(memory_.device.empty());
+  EXPECT_EQ(sender_memory.device, memory_.device);  // one machine: one "device"
+
+  const size_t buffer_bytes = 64 << 10;
+  std::string handle;
+  uint8_t* owned = memory_.alloc_shared(buffer_bytes, &handle);
+  ASSERT_NE(owned, nullptr);
+  std::string error;
+  EXPECT_EQ(sender_memory.open_shared("/tripod-kv-no-such-buffer", &error), nullptr);
+  EXPECT_NE(error.find("no-such-buffer"), std::string::npos) << error;
+  uint8_t* mapped = sender_memory.open_shared(handle, &error);
+  ASSERT_NE(mapped, nullptr) << error;
+
+  auto listener = TcpKvLinkListener::Listen("127.0.0.1");
+  ASSERT_TRUE(listener.ok()) << listener.status();
+  absl::StatusOr<std::unique_ptr<KvLink>> accepted;
+  std::thread acceptor([&] {
+    accepted = (*listener)->Accept(5, memory_, absl::Seconds(10),
+                                   KvLinkSharedBuffer{owned, buffer_bytes, memory_.free});
+  });
+  auto sender =
+      ConnectTcpKvLink("127.0.0.1", (*listener)->port(), 5, sender_memory, absl::Seconds(10),
+                       KvLinkSharedBuffer{mapped, buffer_bytes, sender_memory.close_shared});
+  acceptor.join();
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_STREQ((*sender)->kind(), "ipc");
+  EXPECT_STREQ((*accepted)->kind(), "ipc");
+
+  // 3 MiB (49 pieces, the last one short), one byte less than a piece, nothing, and one piece.
+  const std::vector<std::vector<uint8_t>> payloads = {
+      RandomBytes(3 << 20, 3), RandomBytes(buffer_bytes - 1, 4), {}, RandomBytes(buffer_bytes, 5)};
+  std::vector<uint8_t*> from, to;
+  for (const auto& p : payloads) {
+    from.push_back(p.empty() ? nullptr : other_alloc(sender_memory, p));
+    to.push_back(p.empty() ? nullptr : Device(std::vector<uint8_t>(p.size())));
+  }
+  std::thread send([&] {
+    for (size_t i = 0; i < payloads.size(); ++i) {
+      EXPECT_TRUE((*sender)->Send(from[i], payloads[i].size(), absl::Seconds(10)).ok()) << i;
+    }
+  });
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    ASSERT_TRUE((*accepted)->Recv(to[i], payloads[i].size(), absl::Seconds(10)).ok()) << i;
+  }
+  send.join();
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    if (!payloads[i].empty()) {
+      EXPECT_EQ(Host(to[i], payloads[i].size()), payloads[i]) << i;
+    }
+  }
+  // Nothing more comes: the wait ends and the link breaks; the sender then finds its end shut.
+  const absl::Status late = (*accepted)->Recv(to[0], 16, absl::Milliseconds(100));
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_FALSE((*sender)->Send(from[0], payloads[0].size(), absl::Seconds(5)).ok());
+
+  // The links release the buffer: the owner's is freed (its name unlinked), the view unmapped.
+  sender->reset();
+  accepted->reset();
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    if (from[i] != nullptr) sender_memory.free(from[i]);
+  }
+  EXPECT_EQ(sender_memory.open_shared(handle, &error), nullptr);
+}
+
 TEST_F(KvLinkTest, NobodyJoiningTimesTheSetUpOut) {
   auto listener = TcpKvLinkListener::Listen("127.0.0.1");
   ASSERT_TRUE(listener.ok());
   auto none = (*listener)->Accept(1, memory_, absl::Milliseconds(100));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
+  // An IPC link's buffer is released when its set-up fails.
+  std::string handle, error;
+  uint8_t* owned = memory_.alloc_shared(4096, &handle);
+  ASSERT_NE(owned, nullptr);
+  none = (*listener)->Accept(1, memory_, absl::Milliseconds(100),
+                             KvLinkSharedBuffer{owned, 4096, memory_.free});
+  EXPECT_FALSE(none.ok());
+  EXPECT_EQ(memory_.open_shared(handle, &error), nullptr);
   if (!NcclLinksBuilt()) {
     EXPECT_EQ(NewNcclLinkId().status().code(), absl::StatusCode::kFailedPrecondition);
   }
