@@ -4,8 +4,10 @@ on the one GPU, with the exactness switches (POP 0, no draft worker), asked over
 reference prompt's greedy continuation. The answer must be the CPU's fp32 reference text
 (bench/gpu_reference: greedy_texts), alone, again (the decode worker's prefix cache), and for four
 requests at once (decode steps batched); once with decode steps op by op and once as CUDA graphs
-(TRIPOD_CUDA_GRAPHS=1). The prefill and decode workers share the GPU, so their KV link cannot be
-NCCL and the KV goes through gRPC: what this checks is the processes on device KV end to end.
+(TRIPOD_CUDA_GRAPHS=1). The prefill and decode workers share the GPU, so the decode worker grants
+an IPC link in NCCL's place (a buffer of its memory the prefill worker maps); the first request's
+KV goes in the PushKv messages while the link is set up. Which path the KV took is reported from
+the workers' log lines, not asserted (the answers must be right either way).
 
 Python's standard library only: the GPU machine has python3 but nothing can be installed there.
 Also runs here on the CPU (--backend cpu --precision fp32), which is how the script is tested.
@@ -107,16 +109,20 @@ def check(args, ref, graphs, emit):
     batch_s = time.monotonic() - t0
     together = sum(1 for r in results if r is not None and equal(r[0], r[1]))
     ok = alone and again and together == 4
+    opened = sorted(set(re.findall(r"KV link \d+ \((\w+)\) to \S+ open", "".join(log))))
+    refused = re.findall(r"no KV link to \S+[^\n]*", "".join(log))
+    link = ("KV link: " + ", ".join(opened)) if opened else (
+        "no KV link" + (f" ({refused[0][:160]})" if refused else ""))
     mode = "CUDA graphs" if graphs else "op by op"
     print(f"  serve, decode steps {mode:11s}: {k} tokens {'equal' if alone else 'DIFFER'}, "
           f"again {'equal' if again else 'DIFFER'}, 4 at once {together}/4 equal; "
-          f"{first_s * 1e3:.0f} ms, {again_s * 1e3:.0f} ms, 4 at once {batch_s * 1e3:.0f} ms  "
-          f"{'ok' if ok else 'FAIL'}", flush=True)
+          f"{first_s * 1e3:.0f} ms, {again_s * 1e3:.0f} ms, 4 at once {batch_s * 1e3:.0f} ms; "
+          f"{link}  {'ok' if ok else 'FAIL'}", flush=True)
     if not alone:
       print(f"    got {text!r}\n    want {texts[k] if 0 <= k <= n else None!r}", flush=True)
     emit({"part": "serve", "graphs": graphs, "tokens": k, "equal": alone, "again_equal": again,
           "concurrent_equal": together, "first_s": first_s, "again_s": again_s,
-          "four_s": batch_s, "ok": ok})
+          "four_s": batch_s, "links": opened, "ok": ok})
     return ok
   finally:
     stop(proc)

@@ -1,6 +1,7 @@
 // KvLinks; see kv_links.h.
 #include "decode_node/kv_links.h"
 
+#include <algorithm>
 #include <random>
 #include <utility>
 
@@ -37,14 +38,29 @@ int KvLinks::open_links() const {
 }
 
 absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest& req) {
-  const bool nccl = req.kind() == v1::KV_LINK_NCCL, tcp = req.kind() == v1::KV_LINK_TCP;
-  if (!nccl && !tcp) {
+  const bool asked_nccl = req.kind() == v1::KV_LINK_NCCL, tcp = req.kind() == v1::KV_LINK_TCP,
+             asked_ipc = req.kind() == v1::KV_LINK_IPC;
+  if (!asked_nccl && !tcp && !asked_ipc) {
     return absl::InvalidArgumentError("OpenKvLink: no such link kind");
   }
   if (memory_ == nullptr || !memory_->gather_rows || !memory_->scatter_rows || !memory_->hash) {
     return absl::FailedPreconditionError(
         "OpenKvLink: this decode worker keeps its KV in host memory (--backend cpu): payloads "
         "travel in the PushKv messages");
+  }
+  // Both ends on this worker's device: NCCL cannot put two ranks there, a shared buffer can.
+  const bool same_device =
+      !req.device().empty() && !memory_->device.empty() && req.device() == memory_->device;
+  const bool ipc = (asked_ipc || asked_nccl) && options_.ipc && same_device &&
+                   memory_->alloc_shared && memory_->free;
+  const bool nccl = asked_nccl && !ipc;
+  if (asked_ipc && !ipc) {
+    return absl::FailedPreconditionError(
+        !options_.ipc ? "OpenKvLink: this decode worker takes no IPC links (--kv_links)"
+        : !same_device
+            ? absl::StrCat("OpenKvLink: the prefill worker's device (", req.device(),
+                           ") is not this worker's (", memory_->device, "): no IPC link")
+            : "OpenKvLink: this decode worker's KV memory cannot be shared with another process");
   }
   if (nccl && !options_.nccl) {
     return absl::FailedPreconditionError(
@@ -63,9 +79,11 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
   }
   v1::OpenKvLinkResponse resp;
   resp.set_open_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.open_timeout)));
+  resp.set_kind(ipc ? v1::KV_LINK_IPC : nccl ? v1::KV_LINK_NCCL : v1::KV_LINK_TCP);
   auto link = std::make_shared<Link>();
   std::string nccl_id;
   std::unique_ptr<TcpKvLinkListener> listener;
+  KvLinkSharedBuffer shared;
   if (nccl) {
     absl::StatusOr<std::string> id = NewNcclLinkId();
     if (!id.ok()) return absl::FailedPreconditionError(id.status().message());
@@ -77,6 +95,18 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
     if (!l.ok()) return absl::FailedPreconditionError(l.status().message());
     listener = std::move(*l);
     resp.set_tcp_port(listener->port());
+  }
+  if (ipc) {
+    std::string handle;
+    shared.bytes = std::max<size_t>(options_.ipc_buffer_bytes, 1);
+    shared.p = memory_->alloc_shared(shared.bytes, &handle);
+    if (shared.p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "OpenKvLink: no device memory to share for an IPC link's buffer of ", shared.bytes));
+    }
+    shared.release = memory_->free;
+    resp.set_ipc_handle(handle);
+    resp.set_ipc_bytes(shared.bytes);
   }
   uint64_t id;
   {
@@ -92,6 +122,7 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
       it = failed ? links_.erase(it) : std::next(it);
     }
     if (static_cast<int>(links_.size()) >= options_.max_links) {
+      if (shared.p != nullptr) memory_->free(shared.p);
       return absl::ResourceExhaustedError(
           absl::StrCat("OpenKvLink: ", links_.size(), " links are open already"));
     }
@@ -107,10 +138,10 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
     });
     // The other end joins in the background; Receive waits for it.
     auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread setup([this, link, id, nccl_id, done,
+    std::thread setup([this, link, id, nccl_id, done, shared,
                        listener = std::shared_ptr<TcpKvLinkListener>(std::move(listener))] {
       absl::StatusOr<std::unique_ptr<KvLink>> made =
-          listener ? listener->Accept(id, *memory_, options_.open_timeout)
+          listener ? listener->Accept(id, *memory_, options_.open_timeout, shared)
                    : OpenNcclLink(nccl_id, /*rank=*/1, options_.open_timeout);
       std::lock_guard<std::mutex> lock(link->mu);
       if (made.ok()) {

@@ -1,6 +1,7 @@
 // KvLinks: the decode worker's side of KV links (Decode.OpenKvLink; common/rpc/kv_link.h). It
 // decides whether a link of the asked kind can exist here, sets it up (the NCCL communicator's
-// unique id handed out and this worker joining as rank 1, or a TCP port listened on), and
+// unique id handed out and this worker joining as rank 1, or a TCP port listened on, with a
+// shared buffer for an IPC link: granted in NCCL's place when both ends are on one device), and
 // receives link payloads for the PushKv handlers: strictly in the link's order (link_seq), since
 // both ends of a link must make their calls in one order, whatever order the headers arrive in on
 // their separate streams. A payload is checked against its KvLinkHash before anyone uses it.
@@ -31,7 +32,11 @@ namespace tripod {
 struct KvLinksOptions {
   bool nccl = false;  // this worker's KV is in a GPU's memory and the build has NCCL
   bool tcp = false;   // --kv_links allows TCP links (tests: KV out of the host's reach, no GPU)
-  std::string tcp_host = "127.0.0.1";  // where TCP links listen (the gRPC address's host)
+  // --kv_links allows IPC links: to a prefill worker on this worker's device, in NCCL's place
+  // (the memory must share allocations: KvMemory::alloc_shared).
+  bool ipc = false;
+  size_t ipc_buffer_bytes = size_t{64} << 20;  // one IPC link's buffer: payloads pass in pieces
+  std::string tcp_host = "127.0.0.1";          // where TCP links listen (the gRPC address's host)
   absl::Duration open_timeout = absl::Seconds(10);  // the other end joins within this
   absl::Duration io_timeout = absl::Seconds(30);    // one payload, and one turn, within this
   int max_links = 64;                               // open or opening at once

@@ -57,9 +57,10 @@ ABSL_FLAG(int, block_tokens, 16, "token slots per KV block");
 ABSL_FLAG(int, max_running, 128, "sequences in the continuous batch at most");
 ABSL_FLAG(int, max_tokens_per_step, 256, "forward rows per step (decode tokens + prompt chunks)");
 ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
-ABSL_FLAG(std::string, kv_links, "nccl",
+ABSL_FLAG(std::string, kv_links, "nccl,ipc",
           "KV links (device-to-device payloads, Decode.OpenKvLink) this worker takes, "
-          "comma-separated: nccl (with --backend cuda, in a build with NCCL) | tcp (tests: the "
+          "comma-separated: nccl (with --backend cuda, in a build with NCCL) | ipc (a prefill "
+          "worker on this worker's device: a shared buffer, in NCCL's place) | tcp (tests: the "
           "same protocol over TCP, for a KV out of the host's reach without a GPU) | none");
 ABSL_FLAG(int64_t, lease_ms, 30000,
           "default lease of a KV reservation: freed unless adopted by then (Reserve may ask for "
@@ -143,8 +144,11 @@ int Run(const sigset_t& signals) {
       so.links.nccl = eo.backend == "cuda" && NcclLinksBuilt();
     } else if (kind == "tcp") {
       so.links.tcp = true;
+    } else if (kind == "ipc") {
+      so.links.ipc = true;
     } else if (kind != "none" && !kind.empty()) {
-      std::fprintf(stderr, "tripod-decode: --kv_links: unknown kind '%s' (nccl | tcp | none)\n",
+      std::fprintf(stderr,
+                   "tripod-decode: --kv_links: unknown kind '%s' (nccl | ipc | tcp | none)\n",
                    std::string(kind).c_str());
       return 2;
     }

@@ -19,8 +19,9 @@ absl::StatusOr<KvLinkMode> ParseKvLinkMode(std::string_view name) {
   if (name == "auto") return KvLinkMode::kAuto;
   if (name == "nccl") return KvLinkMode::kNccl;
   if (name == "tcp") return KvLinkMode::kTcp;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown KV link mode '", std::string(name), "' (auto | none | nccl | tcp)"));
+  if (name == "ipc") return KvLinkMode::kIpc;
+  return absl::InvalidArgumentError(absl::StrCat("unknown KV link mode '", std::string(name),
+                                                 "' (auto | none | nccl | ipc | tcp)"));
 }
 
 OpenKvLink::~OpenKvLink() {
@@ -38,7 +39,8 @@ KvLinkCache::KvLinkCache(const KvLinkCacheOptions& options, const KvMemory* memo
 
 bool KvLinkCache::enabled() const {
   const bool kind = options_.mode == KvLinkMode::kTcp || options_.mode == KvLinkMode::kNccl ||
-                    (options_.mode == KvLinkMode::kAuto && options_.nccl);
+                    options_.mode == KvLinkMode::kIpc ||
+                    (options_.mode == KvLinkMode::kAuto && (options_.nccl || options_.gpu));
   return kind && memory_ != nullptr && memory_->gather_rows && memory_->hash;
 }
 
@@ -110,32 +112,54 @@ void KvLinkCache::Backoff(Peer& p, std::string reason) {
 
 absl::StatusOr<std::shared_ptr<OpenKvLink>> KvLinkCache::Open(
     const std::string& address, const std::shared_ptr<grpc::Channel>& channel) {
-  const bool nccl = options_.mode != KvLinkMode::kTcp;
+  // NCCL unless told otherwise or unbuilt; the decode worker grants IPC in its place when it
+  // shares this worker's device.
+  v1::KvLinkKind asked = v1::KV_LINK_NCCL;
+  if (options_.mode == KvLinkMode::kTcp) asked = v1::KV_LINK_TCP;
+  if (options_.mode == KvLinkMode::kIpc || (options_.mode == KvLinkMode::kAuto && !options_.nccl)) {
+    asked = v1::KV_LINK_IPC;
+  }
   v1::OpenKvLinkRequest req;
-  req.set_kind(nccl ? v1::KV_LINK_NCCL : v1::KV_LINK_TCP);
+  req.set_kind(asked);
   req.set_kv_dtype(KvDtypeToWire(dtype_));
+  req.set_device(memory_->device);
   v1::OpenKvLinkResponse resp;
   std::unique_ptr<grpc::ClientContext> ctx =
       NewClientContext(std::chrono::milliseconds(absl::ToInt64Milliseconds(options_.open_timeout)));
   const grpc::Status st = v1::Decode::NewStub(channel)->OpenKvLink(ctx.get(), req, &resp);
   if (!st.ok()) {
-    return absl::Status(FromGrpcStatus(st).code(),
-                        absl::StrCat("the decode worker offers no ", nccl ? "NCCL" : "TCP",
-                                     " link: ", st.error_message()));
+    return absl::Status(FromGrpcStatus(st).code(), absl::StrCat("the decode worker offers no ",
+                                                                asked == v1::KV_LINK_NCCL  ? "NCCL"
+                                                                : asked == v1::KV_LINK_IPC ? "IPC"
+                                                                                           : "TCP",
+                                                                " link: ", st.error_message()));
   }
+  const v1::KvLinkKind kind = resp.kind() != v1::KV_LINK_UNSPECIFIED ? resp.kind() : asked;
   auto link = std::make_shared<OpenKvLink>();
   link->id = resp.link_id();
   link->peer = address;
   link->memory = memory_;
   absl::StatusOr<std::unique_ptr<KvLink>> made;
-  if (nccl) {
+  if (kind == v1::KV_LINK_NCCL) {
     made = OpenNcclLink(resp.nccl_unique_id(), /*rank=*/0, options_.open_timeout);
   } else {
     // The decode worker listens where its gRPC server does.
     const std::string host = address.substr(0, address.rfind(':'));
     const std::string bare =
         host.size() > 2 && host.front() == '[' ? host.substr(1, host.size() - 2) : host;
-    made = ConnectTcpKvLink(bare, resp.tcp_port(), link->id, *memory_, options_.open_timeout);
+    KvLinkSharedBuffer shared;
+    if (kind == v1::KV_LINK_IPC) {
+      std::string error = "this worker's KV memory maps no other process's";
+      if (memory_->open_shared) shared.p = memory_->open_shared(resp.ipc_handle(), &error);
+      if (shared.p == nullptr || resp.ipc_bytes() == 0) {
+        return absl::UnavailableError(
+            absl::StrCat("the IPC link's buffer cannot be mapped here: ", error));
+      }
+      shared.bytes = resp.ipc_bytes();
+      shared.release = memory_->close_shared;
+    }
+    made = ConnectTcpKvLink(bare, resp.tcp_port(), link->id, *memory_, options_.open_timeout,
+                            std::move(shared));
   }
   if (!made.ok()) return made.status();
   link->link = std::move(*made);

@@ -30,15 +30,17 @@ namespace tripod {
 
 enum class KvLinkMode {
   kNone,  // payloads always in the PushKv messages
-  kAuto,  // NCCL where this worker's KV is on a GPU and the build has NCCL; else none
-  kNccl,  // NCCL (refused at start-up without a GPU backend)
+  kAuto,  // on a GPU: NCCL (the build has it), or IPC where the decode worker shares the GPU
+  kNccl,  // NCCL, or IPC on one GPU (refused at start-up without a GPU backend)
   kTcp,   // the same protocol over TCP (tests: a KV out of the host's reach without a GPU)
+  kIpc,   // a shared buffer on one device only (tests: the guarded memory's shared objects)
 };
 absl::StatusOr<KvLinkMode> ParseKvLinkMode(std::string_view name);
 
 struct KvLinkCacheOptions {
   KvLinkMode mode = KvLinkMode::kNone;
   bool nccl = false;  // this worker's KV is in a GPU's memory and the build has NCCL
+  bool gpu = false;   // this worker's KV is in a GPU's memory (an IPC link may serve)
   absl::Duration open_timeout = absl::Seconds(10);
   absl::Duration io_timeout = absl::Seconds(30);
   absl::Duration retry_after = absl::Seconds(60);

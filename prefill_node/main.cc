@@ -8,6 +8,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,9 +68,10 @@ ABSL_FLAG(int, send_stall_ms, 10000,
 ABSL_FLAG(int, send_buffer_mb, 64,
           "encoded KV waiting for the network per transfer, at most (the forward then waits)");
 ABSL_FLAG(std::string, kv_link, "auto",
-          "where KV payloads travel: auto (an NCCL link, GPU to GPU, when this worker and the "
-          "decode worker keep their KV on GPUs; else in the PushKv messages) | none | nccl | tcp "
-          "(tests: the link's protocol over TCP, for a KV out of the host's reach without a GPU)");
+          "where KV payloads travel: auto (a link, GPU to GPU, when this worker and the decode "
+          "worker keep their KV on GPUs: NCCL, or IPC when they share one GPU; else in the "
+          "PushKv messages) | none | nccl | ipc (one device only) | tcp (tests: the link's "
+          "protocol over TCP, for a KV out of the host's reach without a GPU)");
 ABSL_FLAG(int, kv_link_timeout_ms, 10000,
           "a KV link's set-up, and one payload on it, at most; a decode worker that offers no "
           "link, or whose link fails (the transfer then fails and the scheduler retries it), is "
@@ -165,28 +167,34 @@ absl::Status Serve(const sigset_t& signals) {
     return absl::InvalidArgumentError(
         "--kv_link=tcp needs a KV out of the host's memory (--backend cuda or cpu-guarded-kv)");
   }
+  if (link_mode == KvLinkMode::kIpc && (!kv_memory || !kv_memory->open_shared)) {
+    return absl::InvalidArgumentError(
+        "--kv_link=ipc needs a KV memory other processes share (--backend cuda or "
+        "cpu-guarded-kv)");
+  }
   if (absl::GetFlag(FLAGS_kv_link_timeout_ms) <= 0) {
     return absl::InvalidArgumentError("--kv_link_timeout_ms must be positive");
   }
   KvLinkCacheOptions lo;
   lo.mode = link_mode;
   lo.nccl = nccl;
+  lo.gpu = options.backend == "cuda";
   lo.open_timeout = lo.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_link_timeout_ms));
   metrics::Counter& fallbacks = registry.AddCounter(
       "tripod:kv_link_fallbacks_total",
       "KV transfers that could have taken a KV link (device to device) and sent their payloads "
       "in the PushKv messages: the decode worker offered none, or the link failed",
       {{"role", "prefill"}});
-  metrics::Counter& on_nccl = registry.AddCounter("tripod:kv_link_transfers_total",
-                                                  "KV transfers whose payloads took a KV link",
-                                                  {{"role", "prefill"}, {"kind", "nccl"}});
-  metrics::Counter& on_tcp = registry.AddCounter("tripod:kv_link_transfers_total",
-                                                 "KV transfers whose payloads took a KV link",
-                                                 {{"role", "prefill"}, {"kind", "tcp"}});
+  std::map<std::string, metrics::Counter*> on_link;
+  for (const char* kind : {"nccl", "ipc", "tcp"}) {
+    on_link[kind] = &registry.AddCounter("tripod:kv_link_transfers_total",
+                                         "KV transfers whose payloads took a KV link",
+                                         {{"role", "prefill"}, {"kind", kind}});
+  }
   wo.transfer.links = std::make_shared<KvLinkCache>(
       lo, kv_memory ? &*kv_memory : nullptr, engine->kv_dtype(),
-      [&on_nccl, &on_tcp](const char* kind) {
-        (std::string_view(kind) == "nccl" ? on_nccl : on_tcp).Inc();
+      [&on_link](const char* kind) {
+        if (auto it = on_link.find(kind); it != on_link.end()) it->second->Inc();
       },
       [&fallbacks](const std::string&) { fallbacks.Inc(); });
   wo.transfer.link_timeout = lo.io_timeout;

@@ -15,7 +15,8 @@ block copy, trimmed KV with a first slot per layer. A byte touched directly kill
     up in the background after a first transfer asks, the TCP link, NCCL's protocol without a GPU,
     gives the reference tokens with every payload on the link; a decode worker that offers no link (its KV on the CPU, or no TCP links) gets the
     payloads in the PushKv messages, counted as fallbacks; several transfers share one link in
-    order; a link that stalls fails its transfer and is given up for PushKv payloads;
+    order; a link that stalls fails its transfer and is given up for PushKv payloads; the IPC
+    link (two processes on one device: a shared buffer) gives the reference tokens too;
   * every block free at the end, and no worker died.
 """
 
@@ -238,8 +239,30 @@ def test_a_decode_worker_without_links_gets_the_payloads_in_pushkv(workers, link
   assert "keeps its KV in host memory" in log() and "takes no TCP links" in log()
 
 
+def test_payloads_take_an_ipc_link_through_a_shared_buffer(workers):
+  """Two processes on one "device" (the guarded memory's machine): the prefill worker asks for an
+  IPC link, and the decode worker with the default --kv_links (nccl,ipc) grants it: a buffer of
+  its memory the prefill worker maps by name (a GPU's IPC handle, on a GPU), the payloads device
+  to device through it, their lengths and acknowledgements on a TCP connection."""
+  cl, _, gd, _, _ = workers
+  lp = cl.prefill(name="prefill-ipc", backend=GUARDED, pop_ratio="0", chunk=40, kv_link="ipc",
+                  threads=1, precision="fp32")
+  warm_up(lp, gd, request_id=90)
+  with open(lp.log_path) as f:
+    assert re.search(r"KV link \d+ \(ipc\) to \S+ open", f.read())
+  prompt = C.corpus_prompt(300, offset=1700)
+  want = C.reference_tokens(prompt, MAX_TOKENS, precision="fp32")
+  tokens, _, run = C.disaggregated(lp, gd, prompt, max_tokens=MAX_TOKENS, request_id=91)
+  assert tokens == want
+  assert metric(lp, "tripod:kv_link_transfers_total", 'kind="ipc"') == 1
+  assert metric(lp, "tripod:kv_link_fallbacks_total") == 1  # the warm-up's
+  assert run.bytes_sent == 299 * 30 * 2 * 3 * 64 * 4
+  C.wait_until(lambda: C.all_blocks_free(gd), 30, "all KV blocks free")
+
+
 def test_prefill_refuses_link_modes_it_cannot_hold(tmp_path):
   for args, words in [(["--kv_link=tcp"], "--kv_link=tcp needs a KV out of the host"),
+                      (["--kv_link=ipc"], "--kv_link=ipc needs a KV memory other processes"),
                       (["--kv_link=nccl", f"--backend={GUARDED}"], "--kv_link=nccl needs"),
                       (["--kv_link=fast"], "unknown KV link mode 'fast'")]:
     r = subprocess.run([C.binary("prefill"), f"--model={C.MODEL}", "--listen=127.0.0.1:0",

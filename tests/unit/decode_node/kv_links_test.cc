@@ -116,6 +116,73 @@ TEST_F(KvLinksTest, PayloadsAreTakenInLinkOrderAndCheckedByTheirHash) {
   for (uint8_t* p : device) memory_.free(p);
 }
 
+// A prefill worker on this worker's device asking for NCCL (which cannot put two ranks on one
+// GPU) gets an IPC link: a shared buffer it maps by the handle, payloads through it. Asking for
+// IPC from another device, or from a worker that takes none, is refused saying why.
+TEST_F(KvLinksTest, OnOneDeviceAnIpcLinkServesInNcclsPlace) {
+  options_.ipc = true;
+  options_.ipc_buffer_bytes = 4096;
+  KvLinks links(options_, &memory_, KvDtype::kF16);
+  v1::OpenKvLinkRequest req = Tcp();
+  req.set_kind(v1::KV_LINK_NCCL);
+  req.set_device(memory_.device);
+  absl::StatusOr<v1::OpenKvLinkResponse> r = links.Open(req);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->kind(), v1::KV_LINK_IPC);
+  EXPECT_EQ(r->ipc_bytes(), 4096u);
+  EXPECT_TRUE(r->nccl_unique_id().empty());
+
+  // The prefill worker's end, in "another process" (another guarded memory).
+  std::unique_ptr<Backend> other = MakeGuardedKvBackend(MakeCpuBackend(CpuBackendOptions{}));
+  const KvMemory theirs = *other->DeviceKvMemory();
+  std::string error;
+  uint8_t* mapped = theirs.open_shared(r->ipc_handle(), &error);
+  ASSERT_NE(mapped, nullptr) << error;
+  absl::StatusOr<std::unique_ptr<KvLink>> sender =
+      ConnectTcpKvLink("127.0.0.1", r->tcp_port(), r->link_id(), theirs, absl::Seconds(10),
+                       KvLinkSharedBuffer{mapped, r->ipc_bytes(), theirs.close_shared});
+  ASSERT_TRUE(sender.ok()) << sender.status();
+  std::vector<uint8_t> payload(10000);  // three pieces
+  std::mt19937 rng(3);
+  for (uint8_t& b : payload) b = static_cast<uint8_t>(rng());
+  uint8_t* from = theirs.alloc(payload.size());
+  theirs.from_host(from, payload.data(), payload.size());
+  std::thread send(
+      [&] { EXPECT_TRUE((*sender)->Send(from, payload.size(), absl::Seconds(10)).ok()); });
+  v1::KvChunk h;
+  h.set_link_id(r->link_id());
+  h.set_link_bytes(payload.size());
+  h.set_link_hash(KvLinkHash(payload.data(), payload.size()));
+  std::vector<uint8_t> got(payload.size());
+  EXPECT_TRUE(links
+                  .Receive(h,
+                           [&](const uint8_t* rows) {
+                             memory_.to_host(got.data(), rows, got.size());
+                             return absl::OkStatus();
+                           })
+                  .ok());
+  send.join();
+  EXPECT_EQ(got, payload);
+  sender->reset();
+  theirs.free(from);
+
+  auto words = [](const absl::StatusOr<v1::OpenKvLinkResponse>& r) {
+    return std::string(r.status().message());
+  };
+  v1::OpenKvLinkRequest ipc = req;
+  ipc.set_kind(v1::KV_LINK_IPC);
+  ipc.set_device("cuda:another-gpu");
+  EXPECT_NE(words(links.Open(ipc)).find("is not this worker's"), std::string::npos);
+  // Asked for NCCL from another device: NCCL it is, which this worker (no GPU) refuses.
+  v1::OpenKvLinkRequest far = req;
+  far.set_device("cuda:another-gpu");
+  EXPECT_EQ(links.Open(far).status().code(), absl::StatusCode::kFailedPrecondition);
+  options_.ipc = false;
+  KvLinks no_ipc(options_, &memory_, KvDtype::kF16);
+  ipc.set_device(memory_.device);
+  EXPECT_NE(words(no_ipc.Open(ipc)).find("takes no IPC links"), std::string::npos);
+}
+
 TEST_F(KvLinksTest, ALinkNobodyJoinsFailsItsPayloadsAndSetUpsDoNotPileUp) {
   options_.open_timeout = absl::Milliseconds(50);
   KvLinks links(options_, &memory_, KvDtype::kF16);
