@@ -151,7 +151,12 @@ absl::StatusOr<std::shared_ptr<OpenKvLink>> KvLinkCache::Open(
     if (kind == v1::KV_LINK_IPC) {
       std::string error = "this worker's KV memory maps no other process's";
       if (memory_->open_shared) shared.p = memory_->open_shared(resp.ipc_handle(), &error);
-      if (shared.p == nullptr || resp.ipc_bytes() == 0) {
+      if (shared.p != nullptr && resp.ipc_bytes() == 0) {
+        memory_->close_shared(shared.p);
+        shared.p = nullptr;
+        error = "the decode worker named no size for it";
+      }
+      if (shared.p == nullptr) {
         return absl::UnavailableError(
             absl::StrCat("the IPC link's buffer cannot be mapped here: ", error));
       }
