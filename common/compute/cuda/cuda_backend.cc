@@ -737,34 +737,36 @@ class CudaBackend final : public Backend {
     }
     pending_.clear();
     if (!Recording()) return cuda::WriteKv(b, stream_);
-    // The batch's used part, staged; its tables' addresses resolved at upload.
-    StepTape& tape = graphs_->tape();
-    const uint64_t at =
-        tape.Stage(&b, offsetof(cuda::KvWriteBatch, w) + sizeof(cuda::KvWrite) * b.count);
-    for (int i = 0; i < b.count; ++i) {
-      if (table_at[i] < 0) continue;
-      tape.PointAt(at + offsetof(cuda::KvWriteBatch, w) + sizeof(cuda::KvWrite) * i +
-                       offsetof(cuda::KvWrite, kv) + offsetof(cuda::KvView, block_ids),
-                   StepRegion::kTables, static_cast<uint64_t>(table_at[i]));
-    }
+    const uint64_t at = StageBatch<cuda::KvWrite>(b, offsetof(cuda::KvWriteBatch, w),
+                                                  offsetof(cuda::KvWrite, kv), b.count, table_at);
     StepOp op =
         MakeOp(kWriteKv, {at, Word(b.count), Word(b.n_kv_heads), Word(b.head_dim), Word(b.max_n)});
     op.arena_args = 1;
     Run(op);
   }
 
+  // A batch of a recorded step, staged: its header and `count` entries (the used part), each
+  // entry's block table pointed at its staged table (table_at[i]; < 0: none) at upload. Returns
+  // the batch's staged offset.
+  template <class Entry, class Batch>
+  uint64_t StageBatch(const Batch& b, size_t entries_at, size_t kv_at, int count,
+                      const int64_t* table_at) {
+    StepTape& tape = graphs_->tape();
+    const uint64_t at = tape.Stage(&b, entries_at + sizeof(Entry) * count);
+    for (int i = 0; i < count; ++i) {
+      if (table_at[i] < 0) continue;
+      tape.PointAt(at + entries_at + sizeof(Entry) * i + kv_at + offsetof(cuda::KvView, block_ids),
+                   StepRegion::kTables, static_cast<uint64_t>(table_at[i]));
+    }
+    return at;
+  }
+
   // An attention batch of a recorded step, staged as WriteKv's (the split-merging scratch in the
   // step's device-only scratch).
   void RecordAttention(const cuda::AttnBatch& b, const int64_t* table_at) {
     StepTape& tape = graphs_->tape();
-    const uint64_t at =
-        tape.Stage(&b, offsetof(cuda::AttnBatch, seqs) + sizeof(cuda::AttnSeq) * b.n_seqs);
-    for (int i = 0; i < b.n_seqs; ++i) {
-      if (table_at[i] < 0) continue;
-      tape.PointAt(at + offsetof(cuda::AttnBatch, seqs) + sizeof(cuda::AttnSeq) * i +
-                       offsetof(cuda::AttnSeq, kv) + offsetof(cuda::KvView, block_ids),
-                   StepRegion::kTables, static_cast<uint64_t>(table_at[i]));
-    }
+    const uint64_t at = StageBatch<cuda::AttnSeq>(b, offsetof(cuda::AttnBatch, seqs),
+                                                  offsetof(cuda::AttnSeq, kv), b.n_seqs, table_at);
     if (b.splits > 1) {
       const uint64_t partial =
           tape.Scratch(sizeof(float) * b.n_seqs * b.n_heads * b.splits * (b.head_dim + 2));
