@@ -4,6 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "boost/asio/post.hpp"
+#include "boost/asio/thread_pool.hpp"
 #include "nlohmann/json.hpp"
 #include "scheduler/openai_json.h"
 #include "scheduler/openai_request.h"
@@ -93,6 +95,26 @@ struct Answer {
 };
 
 }  // namespace
+
+struct HttpApi::WorkThreads {
+  explicit WorkThreads(int n) : pool(static_cast<size_t>(std::max(1, n))) {}
+  boost::asio::thread_pool pool;
+};
+
+HttpApi::HttpApi(HttpApiConfig config)
+    : config_(config), work_(std::make_unique<WorkThreads>(config.work_threads)) {}
+
+HttpApi::~HttpApi() { work_->pool.join(); }
+
+void HttpApi::OffIo(std::shared_ptr<HttpExchange> ex,
+                    void (HttpApi::*fn)(std::shared_ptr<HttpExchange>)) {
+  preparing_.fetch_add(1, std::memory_order_relaxed);
+  boost::asio::post(work_->pool, [this, ex = std::move(ex), fn]() mutable {
+    // A client that hung up while its request waited here: nothing to answer.
+    if (!ex->closed()) (this->*fn)(std::move(ex));
+    preparing_.fetch_sub(1, std::memory_order_relaxed);
+  });
+}
 
 std::string HttpApi::HealthBody(bool* ready) const {
   nlohmann::ordered_json j;
@@ -191,14 +213,22 @@ void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
                          static_cast<int>(config_.model->max_model_len)};
     ex->Respond(JsonResponse(ModelsListBody({&card, 1})));
   } else if (path == "/v1/completions") {
-    Completion(std::move(ex), ApiKind::kCompletion);
+    OffIo(std::move(ex), &HttpApi::TextCompletion);
   } else if (path == "/v1/chat/completions") {
-    Completion(std::move(ex), ApiKind::kChatCompletion);
+    OffIo(std::move(ex), &HttpApi::ChatCompletion);
   } else if (path == "/tokenize") {
-    Tokenize(ex);
+    OffIo(std::move(ex), &HttpApi::Tokenize);
   } else if (path == "/detokenize") {
-    Detokenize(ex);
+    OffIo(std::move(ex), &HttpApi::Detokenize);
   }
+}
+
+void HttpApi::TextCompletion(std::shared_ptr<HttpExchange> ex) {
+  Completion(std::move(ex), ApiKind::kCompletion);
+}
+
+void HttpApi::ChatCompletion(std::shared_ptr<HttpExchange> ex) {
+  Completion(std::move(ex), ApiKind::kChatCompletion);
 }
 
 void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
@@ -230,7 +260,7 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
   ex->OnClose([handle] { handle->Cancel(); });
 }
 
-void HttpApi::Tokenize(const std::shared_ptr<HttpExchange>& ex) {
+void HttpApi::Tokenize(std::shared_ptr<HttpExchange> ex) {
   ApiResult<TokenizeRequest> parsed = ParseTokenizeBody(ex->request().body);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);
   const TokenizeRequest& r = std::get<TokenizeRequest>(parsed);
@@ -245,7 +275,7 @@ void HttpApi::Tokenize(const std::shared_ptr<HttpExchange>& ex) {
   ex->Respond(JsonResponse(TokenizeResponseBody(ids, config_.model->max_model_len)));
 }
 
-void HttpApi::Detokenize(const std::shared_ptr<HttpExchange>& ex) {
+void HttpApi::Detokenize(std::shared_ptr<HttpExchange> ex) {
   ApiResult<DetokenizeRequest> parsed =
       ParseDetokenizeBody(ex->request().body, config_.model->tokenizer->vocab_size());
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);

@@ -8,8 +8,12 @@
 // Errors are OpenAI-shaped JSON with their status. A streamed answer's headers go out with its
 // first piece, so that an error before the first token still gets its own status; after that an
 // error is an SSE error event. A client that hangs up cancels its request on the workers.
+// The HTTP I/O threads only route: parsing a body, tokenizing and submitting run on a few threads
+// of the API's own (`work_threads`), since a prompt of megabytes takes a second or more to
+// encode, and on an I/O thread that second would stall every stream and connection it serves.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -26,24 +30,38 @@ struct HttpApiConfig {
   Dispatcher* dispatcher = nullptr;
   const metrics::Registry* registry = nullptr;
   const ApiKeys* keys = nullptr;
+  int work_threads = 2;  // parse, tokenize and submit completions, /tokenize and /detokenize
 };
 
 class HttpApi {
  public:
-  explicit HttpApi(HttpApiConfig config) : config_(config) {}
+  explicit HttpApi(HttpApiConfig config);
+  ~HttpApi();  // waits for the requests in hand (stop the HttpServer first)
 
   // The HttpServer's handler.
   void Handle(std::shared_ptr<http::HttpExchange> exchange);
+
+  // Requests handed to the work threads and not yet done with (parsed, tokenized and submitted,
+  // or answered).
+  int preparing() const { return preparing_.load(std::memory_order_relaxed); }
 
   // The body of GET /health and whether it is 200.
   std::string HealthBody(bool* ready) const;
 
  private:
+  void TextCompletion(std::shared_ptr<http::HttpExchange> exchange);
+  void ChatCompletion(std::shared_ptr<http::HttpExchange> exchange);
   void Completion(std::shared_ptr<http::HttpExchange> exchange, ApiKind kind);
-  void Tokenize(const std::shared_ptr<http::HttpExchange>& exchange);
-  void Detokenize(const std::shared_ptr<http::HttpExchange>& exchange);
+  void Tokenize(std::shared_ptr<http::HttpExchange> exchange);
+  void Detokenize(std::shared_ptr<http::HttpExchange> exchange);
+  // Runs fn(exchange) on a work thread, unless the client has gone by then.
+  void OffIo(std::shared_ptr<http::HttpExchange> exchange,
+             void (HttpApi::*fn)(std::shared_ptr<http::HttpExchange>));
 
   const HttpApiConfig config_;
+  struct WorkThreads;
+  std::unique_ptr<WorkThreads> work_;
+  std::atomic<int> preparing_{0};
 };
 
 }  // namespace tripod::scheduler

@@ -86,6 +86,8 @@ ABSL_FLAG(int64_t, health_interval_ms, 2000, "how often every worker's Health is
 ABSL_FLAG(int64_t, health_timeout_ms, 1000, "one Health call's deadline");
 ABSL_FLAG(int, unhealthy_after, 2, "failed checks in a row that take a worker out of routing");
 ABSL_FLAG(int, io_threads, 1, "HTTP I/O threads");
+ABSL_FLAG(int, api_threads, 2,
+          "threads that parse, tokenize and submit API requests, off the HTTP I/O threads");
 ABSL_FLAG(int, max_connections_per_client, 0,
           "open HTTP connections from one client address, at most (0: no limit; behind a proxy "
           "every client shares its address); beyond: 429");
@@ -136,6 +138,9 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   }
   if (absl::GetFlag(FLAGS_io_threads) < 1) {
     return absl::InvalidArgumentError("--io_threads must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_api_threads) < 1) {
+    return absl::InvalidArgumentError("--api_threads must be >= 1");
   }
   if (absl::GetFlag(FLAGS_draft_timeout_ms) <= 0) {
     return absl::InvalidArgumentError("--draft_timeout_ms must be > 0");
@@ -218,7 +223,12 @@ int Run(const sigset_t& signals) {
       });
   workers.Start();
 
-  HttpApi api(HttpApiConfig{model->get(), &dispatcher, &registry, &*keys});
+  HttpApi api(HttpApiConfig{model->get(), &dispatcher, &registry, &*keys,
+                            absl::GetFlag(FLAGS_api_threads)});
+  registry.AddCallbackGauge("tripod:http_requests_preparing",
+                            "API requests being parsed, tokenized and submitted, or waiting for a "
+                            "thread to do so",
+                            {{"role", "scheduler"}}, [&api] { return api.preparing(); });
   http::HttpServerOptions hopt;
   hopt.io_threads = absl::GetFlag(FLAGS_io_threads);
   hopt.max_connections_per_client = absl::GetFlag(FLAGS_max_connections_per_client);

@@ -15,6 +15,29 @@ std::optional<ApiError> CheckModelName(const std::string& model, const ServedMod
                   "invalid_request_error", "model", "model_not_found"};
 }
 
+std::optional<ApiError> RefuseUnreadTooLong(const CompletionRequest& request,
+                                            const ServedModel& served) {
+  const int64_t context = served.max_model_len;
+  if (context <= 0 || request.prompt_is_ids) return std::nullopt;
+  const bool chat = request.kind == ApiKind::kChatCompletion;
+  std::string joined;  // the messages are encoded as one text, the template's between them
+  if (chat) {
+    for (const ChatMessage& m : request.messages) joined += m.content;
+  }
+  const std::string_view text = chat ? std::string_view(joined) : request.prompt_text;
+  const size_t bytes = text.size();
+  const size_t at_least = served.tokenizer->MinTokens(text);
+  if (at_least < static_cast<size_t>(context)) return std::nullopt;
+  const char* input = chat ? "messages" : "prompt";
+  ApiError e = InvalidRequest(
+      absl::StrCat("This model's maximum context length is ", context, " tokens. However, your ",
+                   input, " of ", bytes, " bytes is at least ", at_least,
+                   " tokens, which leaves no room for a completion."),
+      input);
+  e.code = "context_length_exceeded";
+  return e;
+}
+
 ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
                                           const ServedModel& served) {
   if (std::optional<ApiError> e = CheckModelName(request.model, served)) return *e;
@@ -24,6 +47,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
         absl::StrCat("chat completions are not available: ", served.chat_template_error),
         "messages");
   }
+  if (std::optional<ApiError> e = RefuseUnreadTooLong(request, served)) return *e;
   ApiResult<std::vector<int32_t>> ids =
       PromptTokenIds(request, *served.tokenizer, served.chat_template.value_or(ChatTemplate{}));
   if (const ApiError* e = std::get_if<ApiError>(&ids)) return *e;

@@ -15,6 +15,12 @@ namespace tripod::scheduler {
 // 404 unless `model` is empty (gRPC's "the served model") or the served name.
 std::optional<ApiError> CheckModelName(const std::string& model, const ServedModel& served);
 
+// context_length_exceeded for a text prompt (or messages) so long that it cannot fit whatever
+// its tokens, judged from its bytes and the longest token (Tokenizer::max_token_bytes) before it
+// is encoded: encoding megabytes of text takes a second or more of a thread.
+std::optional<ApiError> RefuseUnreadTooLong(const CompletionRequest& request,
+                                            const ServedModel& served);
+
 ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
                                           const ServedModel& served);
 

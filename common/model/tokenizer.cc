@@ -231,6 +231,18 @@ absl::Status Tokenizer::Init(TokenizerVocab v) {
     }
   }
 
+  // The most input bytes one token can stand for: its raw piece is never shorter than the text it
+  // covers (byte-mapped characters take 1-2 bytes for one, the space marker 3 for one), nor is
+  // what it decodes to; 4 covers an unknown character. A byte without a token is dropped.
+  max_token_bytes_ = 4;
+  for (size_t i = 0; i < n; ++i) {
+    max_token_bytes_ = std::max({max_token_bytes_, tokens_[i].size(), decoded_[i].size()});
+  }
+  for (int b = 0; b < 256; ++b) {
+    byte_kept_[b] =
+        byte_token_[b] >= 0 || (kind_ == TokenizerKind::kSentencePieceBpe && unk_id_ >= 0);
+  }
+
   // Tokens matched verbatim in the text before any splitting.
   for (size_t i = 0; i < n; ++i) {
     const TokenType t = types_[i];
@@ -332,6 +344,14 @@ void Tokenizer::EncodeText(std::string_view text, tok::BpeScratch* scratch,
       }
     }
   }
+}
+
+size_t Tokenizer::MinTokens(std::string_view text) const {
+  // Every byte that is not dropped lies in some token's span, and no span is longer than
+  // max_token_bytes_.
+  size_t kept = 0;
+  for (char c : text) kept += byte_kept_[static_cast<uint8_t>(c)];
+  return (kept + max_token_bytes_ - 1) / max_token_bytes_;
 }
 
 std::vector<int32_t> Tokenizer::Encode(std::string_view text, bool parse_special) const {

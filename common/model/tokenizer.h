@@ -83,6 +83,12 @@ class Tokenizer {
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   std::optional<int32_t> FindToken(std::string_view piece) const;
   TokenizerKind kind() const { return kind_; }
+  // A lower bound on Encode(text).size(), in one pass over the bytes without encoding: a prompt far
+  // too long for a context is refused without the second or more that megabytes take to encode.
+  size_t MinTokens(std::string_view text) const;
+  // The most bytes of text one token covers (its raw piece is never shorter), which MinTokens
+  // divides by.
+  size_t max_token_bytes() const { return max_token_bytes_; }
 
  private:
   friend class StreamingDecoder;
@@ -109,6 +115,8 @@ class Tokenizer {
   tok::PieceIndex token_to_id_;       // over tokens_
   int32_t bos_id_ = -1, eos_id_ = -1, unk_id_ = -1;
   bool add_bos_ = false;
+  size_t max_token_bytes_ = 4;
+  std::array<bool, 256> byte_kept_{};  // a byte the encoding does not drop
   bool add_space_prefix_ = false;
   bool ignore_merges_ = false;  // Llama 3: a word that is itself a token skips the merges
   std::vector<int32_t> end_of_generation_;

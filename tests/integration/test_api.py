@@ -265,6 +265,21 @@ def test_max_model_len_and_connections_per_client(cluster):
     status, err, _ = error_of(short.http("POST", "/v1/completions",
                                          {"model": MODEL_NAME, "prompt": [1] * 64}))
     assert status == 400 and err["code"] == "context_length_exceeded"
+    # Text too long for the context whatever its tokens (no token of this vocabulary covers more
+    # than 162 bytes) is refused from its length, before it is encoded; text just under that is
+    # encoded, and refused for its tokens.
+    for body, param in (({"prompt": "a" * (64 * 162)}, "prompt"),
+                        ({"messages": [{"role": "user", "content": "b" * (32 * 162)},
+                                       {"role": "user", "content": "c" * (32 * 162)}]},
+                         "messages")):
+      path = "/v1/chat/completions" if param == "messages" else "/v1/completions"
+      status, err, _ = error_of(short.http("POST", path, {"model": MODEL_NAME, **body}))
+      assert status == 400 and err["code"] == "context_length_exceeded", err
+      assert err["param"] == param and "is at least 64 tokens" in err["message"], err
+    status, err, _ = error_of(short.http("POST", "/v1/completions",
+                                         {"model": MODEL_NAME, "prompt": "a" * (63 * 162)}))
+    assert status == 400 and err["code"] == "context_length_exceeded", err
+    assert "resulted in" in err["message"], err
     # Two connections held open by this client; the third is answered 429 with the reason.
     held = [socket.create_connection((short.host, short.http_port), timeout=30) for _ in range(2)]
     try:
@@ -280,6 +295,38 @@ def test_max_model_len_and_connections_per_client(cluster):
       with pytest.raises(RuntimeError) as e:
         c.scheduler(decode=[cluster.d], max_model_len=bad, wait_ready=False, name="bad")
       assert "--max_model_len" in str(e.value)
+
+
+def test_encoding_a_long_text_holds_no_io_thread(cluster):
+  """/tokenize of 7 MB of one letter takes the tokenizer a second or more (no pre-token
+  boundary, one long merge); it runs on the API's work threads, so that meanwhile the one HTTP I/O
+  thread still answers /metrics and /health."""
+  done = threading.Event()
+  result = {}
+
+  def tokenize():
+    try:
+      result["answer"] = cluster.s.http("POST", "/tokenize", {"prompt": "a" * 7_000_000},
+                                        timeout=120)
+    finally:
+      done.set()
+
+  t = threading.Thread(target=tokenize)
+  t.start()
+  try:
+    def preparing():
+      body = cluster.s.http_get("/metrics")[1]
+      line = [l for l in body.splitlines() if l.startswith("tripod:http_requests_preparing{")]
+      return line and float(line[0].split()[-1]) >= 1
+    wait_until(lambda: preparing() or done.is_set(), 60, "the /tokenize request in hand")
+    assert not done.is_set(), "the encoding was over before /metrics could see it"
+    status, _ = cluster.s.http_get("/health")
+    assert status == 200
+    assert not done.is_set(), "/health waited for the encoding"
+  finally:
+    t.join(timeout=120)
+  status, body, _ = result["answer"]
+  assert status == 200 and json.loads(body)["count"] > 7_000_000 // 162
 
 
 def test_grpc_complete_and_generate(cluster):

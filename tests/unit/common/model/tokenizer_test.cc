@@ -114,6 +114,25 @@ TEST_F(SmolLmTokenizerTest, RoundTripsText) {
   }
 }
 
+TEST_F(SmolLmTokenizerTest, MinTokensIsALowerBound) {
+  // The longest piece: a newline and 80 spaces, 2 bytes each byte-mapped.
+  EXPECT_EQ(tok_->max_token_bytes(), 162u);
+  std::string specials;
+  for (int i = 0; i < 200; ++i) specials += "<|im_start|>";
+  for (const std::string& text :
+       {std::string(5000, ' '), std::string("\n").append(4000, ' '), std::string(3000, 'a'),
+        std::string(2000, '-'), specials,
+        std::string("Ελληνικά 日本語 👨‍👩‍👧 ").append(99, '='),
+        std::string(300, '\xFF')}) {
+    const size_t n = tok_->Encode(text).size();
+    EXPECT_LE(tok_->MinTokens(text), n) << text.substr(0, 20);
+  }
+  EXPECT_EQ(tok_->MinTokens(std::string(1620, ' ')), 10u);
+  // Bytes this vocabulary has no token for are dropped, and not counted.
+  EXPECT_EQ(tok_->MinTokens(std::string(300, '\xFF')), 0u);
+  EXPECT_EQ(tok_->MinTokens(std::string(1620, '\xFF').append("a")), 1u);
+}
+
 TEST_F(SmolLmTokenizerTest, InvalidUtf8IsEncodedByteByByte) {
   // Truncated and stray UTF-8 bytes whose byte tokens exist: encoded, and decoded back exactly.
   const std::string text = "ab\xC3 x\xE4\xBD y\x80z";
@@ -249,6 +268,26 @@ TEST(SentencePieceTest, MergesByScoreWithSpacePrefixAndByteFallback) {
   // first token keeps its space.
   StreamingDecoder cont(t, /*continuation=*/true);
   EXPECT_EQ(cont.Push(Id(t, "\xE2\x96\x81hello")), " hello");
+}
+
+TEST(SentencePieceTest, MinTokensCountsBytesAnUnknownTokenCovers) {
+  // 25 bytes; the longest piece is "▁hello", 8 bytes.
+  const std::string text = "hello \xC3\xA9 qqqqqqqqqqqqqqqq";
+  auto with_bytes = *Tokenizer::FromVocab(SmallSpmVocab());
+  EXPECT_EQ(with_bytes->max_token_bytes(), 8u);
+  EXPECT_EQ(with_bytes->MinTokens(text), 4u);
+  EXPECT_LE(with_bytes->MinTokens(text), with_bytes->Encode(text).size());
+  // Without byte tokens past ASCII, "é" becomes two <unk>s: its bytes still count.
+  TokenizerVocab v = SmallSpmVocab();
+  for (int b = 0x80; b < 256; ++b) v.tokens[3 + b] = std::string("x").append(std::to_string(b));
+  auto with_unk = *Tokenizer::FromVocab(v);
+  EXPECT_EQ(with_unk->MinTokens(text), 4u);
+  EXPECT_LE(with_unk->MinTokens(text), with_unk->Encode(text).size());
+  // Without an unknown token either, they are dropped and do not count: ceil(23 / 8).
+  v.unk_id = -1;
+  auto dropping = *Tokenizer::FromVocab(v);
+  EXPECT_EQ(dropping->MinTokens(text), 3u);
+  EXPECT_LE(dropping->MinTokens(text), dropping->Encode(text).size());
 }
 
 TEST(SentencePieceTest, LeftmostWinsOnEqualScores) {
