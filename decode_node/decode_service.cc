@@ -2,6 +2,7 @@
 #include "decode_node/decode_service.h"
 
 #include <deque>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -12,19 +13,6 @@
 #include "spdlog/spdlog.h"
 
 namespace tripod {
-
-// One Generate call: the engine's events queue here (engine thread) until the handler thread
-// writes them.
-struct DecodeService::Call {
-  uint64_t request_id = 0;
-  uint64_t transfer_id = 0;
-  Mutex mu;
-  CondVar cv;
-  std::deque<TokenEvent> events ABSL_GUARDED_BY(mu);
-  bool cancelled ABSL_GUARDED_BY(mu) = false;  // Cancel RPC or CancelAll
-  std::string cancel_why ABSL_GUARDED_BY(mu);
-  int64_t engine_id ABSL_GUARDED_BY(mu) = 0;  // 0 until submitted
-};
 
 namespace {
 
@@ -73,6 +61,250 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
 
+// One Generate call. Nothing waits for it on a thread: it moves on when its transfer settles
+// (KvTransfers::WhenSettled), when the engine sends an event (its thread), when a write is done,
+// when the client goes away (OnCancel) and on a Cancel call. Its state is shared by the reactor
+// (until OnDone), the engine's callback, the transfer's waiter and calls_, so that whichever of
+// them comes last frees it.
+struct DecodeService::Call {
+  using Reactor = grpc::ServerWriteReactor<v1::GenerateResponse>;
+
+  DecodeService* service = nullptr;
+  DecodeEngine* engine = nullptr;
+  KvTransfers* transfers = nullptr;
+  DecodeMetrics* metrics = nullptr;
+  Reactor* reactor = nullptr;  // used until Finish is called
+  uint64_t request_id = 0;
+  uint64_t transfer_id = 0;
+  int n_prompt = 0;
+  absl::Time accepted;
+
+  Mutex mu;
+  DecodeRequest request ABSL_GUARDED_BY(mu);  // until submitted
+  absl::Time submitted ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
+  int64_t engine_id ABSL_GUARDED_BY(mu) = 0;     // 0 until submitted
+  bool cancelled ABSL_GUARDED_BY(mu) = false;    // Cancel RPC or CancelAll
+  bool client_gone ABSL_GUARDED_BY(mu) = false;  // OnCancel, or a write failed
+  bool ended ABSL_GUARDED_BY(mu) = false;        // its final event is out, or none will come
+  bool rpc_done ABSL_GUARDED_BY(mu) = false;     // OnDone: gRPC let go of the reactor
+  std::deque<v1::GenerateResponse> queued ABSL_GUARDED_BY(mu);
+  bool writing ABSL_GUARDED_BY(mu) = false;
+  // The message being written: gRPC reads it until OnWriteDone, and nothing else touches it then.
+  v1::GenerateResponse in_write;
+  std::optional<grpc::Status> finish ABSL_GUARDED_BY(mu);  // the call's status, once known
+  bool finish_called ABSL_GUARDED_BY(mu) = false;
+  int completion ABSL_GUARDED_BY(mu) = 0;
+  absl::Time first_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+  absl::Time last_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
+
+  // Marks one of the two ends; the call leaves calls_ (and the service's care) after both.
+  void MarkEnded() ABSL_LOCKS_EXCLUDED(mu) { Mark(&Call::ended); }
+  void MarkRpcDone() ABSL_LOCKS_EXCLUDED(mu) { Mark(&Call::rpc_done); }
+  void Mark(bool Call::*flag) ABSL_LOCKS_EXCLUDED(mu) {
+    bool forget = false;
+    {
+      MutexLock lock(&mu);
+      if (this->*flag) return;
+      this->*flag = true;
+      forget = ended && rpc_done;
+    }
+    if (forget) service->Forget(this);
+  }
+
+  // Writes what is queued, one message at a time, then finishes the call once its status is
+  // known and nothing is left to write (gRPC takes one write at a time, and no Finish while one
+  // is outstanding). Any thread, mu not held.
+  void Pump() ABSL_LOCKS_EXCLUDED(mu) {
+    bool write = false;
+    grpc::Status status;
+    {
+      MutexLock lock(&mu);
+      if (writing || finish_called) return;
+      if (!queued.empty() && !client_gone) {
+        in_write = std::move(queued.front());
+        queued.pop_front();
+        writing = write = true;
+      } else if (finish.has_value()) {
+        finish_called = true;
+        status = *finish;
+      } else {
+        return;
+      }
+    }
+    if (write) {
+      reactor->StartWrite(&in_write);
+    } else {
+      reactor->Finish(status);
+    }
+  }
+
+  void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu) {
+    {
+      MutexLock lock(&mu);
+      writing = false;
+    }
+    if (!ok) {
+      ClientGone();  // the stream is broken: the client went away
+    } else {
+      Pump();
+    }
+  }
+
+  // The client went away (or the call's deadline passed, or the server shuts down): the request
+  // stops wherever it is, and the call ends CANCELLED without waiting for the engine.
+  void ClientGone() ABSL_LOCKS_EXCLUDED(mu) {
+    int64_t id = 0;
+    bool waiting = false;
+    {
+      MutexLock lock(&mu);
+      if (client_gone) return;
+      client_gone = true;
+      queued.clear();
+      id = engine_id;
+      waiting = transfer_id != 0 && id == 0 && !ended;
+      if (!finish.has_value())
+        finish = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+    }
+    if (id != 0) {
+      engine->Cancel(id);
+    } else if (waiting) {
+      transfers->Cancel(transfer_id, "the Generate call's client went away");
+    }
+    Pump();
+  }
+
+  // A Cancel call or CancelAll: the request ends with a cancelled finish event.
+  void RequestCancel() ABSL_LOCKS_EXCLUDED(mu) {
+    int64_t id = 0;
+    bool waiting = false;
+    {
+      MutexLock lock(&mu);
+      cancelled = true;
+      id = engine_id;
+      waiting = transfer_id != 0 && id == 0 && !ended;
+    }
+    if (id != 0) {
+      engine->Cancel(id);
+    } else if (waiting) {
+      transfers->Cancel(transfer_id, "its Generate call was cancelled");
+    }
+  }
+
+  // Before the request reached the engine: the call's status says why (nothing streamed).
+  void Reject(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu) {
+    metrics->GenerateRejected(s);
+    spdlog::info("generate request_id={} transfer={} prompt={} rejected: {}", request_id,
+                 transfer_id, n_prompt, s.ToString());
+    {
+      MutexLock lock(&mu);
+      if (!finish.has_value()) finish = ToGrpcStatus(s);
+    }
+    Pump();
+    MarkEnded();
+  }
+
+  // Cancelled before it reached the engine: one end-only event (none if the client is gone).
+  void EndCancelled(const std::string& why) ABSL_LOCKS_EXCLUDED(mu) {
+    v1::GenerateResponse r;
+    r.set_token(-1);
+    r.set_finish(v1::FINISH_CANCELLED);
+    r.set_error(why);
+    r.mutable_usage()->set_prompt_tokens(n_prompt);
+    r.mutable_timing()->set_queue_s(absl::ToDoubleSeconds(absl::Now() - accepted));
+    metrics->GenerateDone("cancelled", n_prompt, 0, 0, GenerateTimes{});
+    spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
+                 request_id, transfer_id, n_prompt, why);
+    {
+      MutexLock lock(&mu);
+      if (!client_gone) queued.push_back(std::move(r));
+      if (!finish.has_value()) finish = grpc::Status::OK;
+    }
+    Pump();
+    MarkEnded();
+  }
+
+  // The engine's callback (its thread).
+  void OnEvent(const TokenEvent& ev) ABSL_LOCKS_EXCLUDED(mu);
+};
+
+void DecodeService::Call::OnEvent(const TokenEvent& ev) {
+  const absl::Time now = absl::Now();
+  v1::GenerateResponse out;
+  EventToWire(ev, &out);
+  const bool final = ev.finish != FinishReason::kNone;
+  int done_completion = 0;
+  GenerateTimes times;
+  bool gone = false;
+  int64_t id = 0;
+  {
+    MutexLock lock(&mu);
+    if (ev.token >= 0) {
+      ++completion;
+      if (completion == 1) first_token = now;
+      if (completion > 1) metrics->InterToken(Seconds(now - last_token));
+      last_token = now;
+    }
+    if (final) {
+      v1::Usage* u = out.mutable_usage();
+      u->set_prompt_tokens(n_prompt);
+      u->set_completion_tokens(completion);
+      u->set_cached_tokens(ev.cached_tokens);
+      v1::DecodeTiming* t = out.mutable_timing();
+      t->set_queue_s(ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds
+                                           : Seconds(now - accepted));
+      if (completion > 0) {
+        t->set_first_token_s(Seconds(first_token - accepted));
+        t->set_decode_s(Seconds(last_token - first_token));
+      }
+      times.ttft_s = completion > 0 ? Seconds(first_token - accepted) : -1;
+      times.tpot_s = completion > 1 ? Seconds(last_token - first_token) / (completion - 1) : -1;
+      times.decode_s = completion > 0 ? Seconds(last_token - first_token) : -1;
+      times.queue_s = ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds : -1;
+      times.e2e_s = Seconds(now - accepted);
+      done_completion = completion;
+      gone = client_gone;
+      id = engine_id;
+      if (!finish.has_value()) finish = grpc::Status::OK;
+    }
+    if (!client_gone) queued.push_back(std::move(out));
+  }
+  if (final) {
+    const char* name = gone ? "cancelled" : FinishReasonName(ev.finish);
+    metrics->GenerateDone(name, n_prompt, done_completion, ev.cached_tokens, times);
+    spdlog::info(
+        "generate request_id={} id={} transfer={} prompt={} cached={} completion={} finish={} "
+        "ttft={:.3f}s{}{}",
+        request_id, id, transfer_id, n_prompt, ev.cached_tokens, done_completion, name,
+        times.ttft_s, gone ? " (client went away)" : "",
+        ev.error.empty() ? std::string() : " error: " + ev.error);
+  }
+  Pump();
+  if (final) MarkEnded();
+}
+
+// The reactor gRPC drives: forwards to the call, and lets go of it when gRPC is done.
+class DecodeService::GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(DecodeService& service, std::shared_ptr<Call> call)
+      : service_(service), call_(std::move(call)) {
+    call_->reactor = this;
+    ++service_.handlers_;
+    MutexLock lock(&service_.calls_mu_);
+    service_.calls_[call_.get()] = call_;
+  }
+  void OnWriteDone(bool ok) override { call_->WriteDone(ok); }
+  void OnCancel() override { call_->ClientGone(); }
+  void OnDone() override {
+    call_->MarkRpcDone();
+    --service_.handlers_;
+    delete this;
+  }
+
+ private:
+  DecodeService& service_;
+  const std::shared_ptr<Call> call_;
+};
+
 absl::StatusOr<SamplingParams> SamplingFromWire(const v1::SamplingParams& p) {
   SamplingParams s;
   s.temperature = p.temperature();
@@ -108,25 +340,35 @@ DecodeService::DecodeService(DecodeEngine& engine, DecodeMetrics& metrics, v1::M
       });
 }
 
-DecodeService::~DecodeService() { transfers_->Shutdown(); }
+DecodeService::~DecodeService() {
+  transfers_->Shutdown();  // ends the calls still waiting for their KV
+  // Requests still in the engine (their calls done, or never ended) hold this service's metrics:
+  // cancel them, and wait (bounded: the engine may be stopped) for their final events.
+  std::vector<std::shared_ptr<Call>> left;
+  {
+    MutexLock lock(&calls_mu_);
+    for (const auto& [p, c] : calls_) left.push_back(c);
+  }
+  for (const auto& c : left) c->RequestCancel();
+  left.clear();
+  MutexLock lock(&calls_mu_);
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  while (!calls_.empty() && !calls_gone_.WaitWithDeadline(&calls_mu_, until)) {
+  }
+  if (!calls_.empty()) {
+    spdlog::warn("decode service: {} requests had no final event from the engine", calls_.size());
+  }
+}
+
+void DecodeService::Forget(Call* call) {
+  MutexLock lock(&calls_mu_);
+  calls_.erase(call);
+  if (calls_.empty()) calls_gone_.SignalAll();
+}
 
 void DecodeService::StartDraining() { draining_ = true; }
 
 int DecodeService::in_flight() const { return handlers_.load() + transfers_->active(); }
-
-void DecodeService::RequestCancel(Call& call, const std::string& why) {
-  int64_t id = 0;
-  {
-    MutexLock lock(&call.mu);
-    if (!call.cancelled) {
-      call.cancelled = true;
-      call.cancel_why = why;
-    }
-    id = call.engine_id;
-    call.cv.Signal();
-  }
-  if (id != 0) engine_.Cancel(id);
-}
 
 void DecodeService::CancelAll(const std::string& why) {
   std::vector<std::shared_ptr<Call>> calls;
@@ -134,7 +376,7 @@ void DecodeService::CancelAll(const std::string& why) {
     MutexLock lock(&calls_mu_);
     for (const auto& [p, c] : calls_) calls.push_back(c);
   }
-  for (const auto& c : calls) RequestCancel(*c, why);
+  for (const auto& c : calls) c->RequestCancel();
   transfers_->Shutdown();
 }
 
@@ -157,11 +399,14 @@ v1::HealthResponse DecodeService::HealthNow() const {
   return h;
 }
 
-grpc::Status DecodeService::Health(grpc::ServerContext* context, const v1::HealthRequest*,
-                                   v1::HealthResponse* response) {
-  if (grpc::Status st = CheckProtocol(*context); !st.ok()) return st;
-  *response = HealthNow();
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* DecodeService::Health(grpc::CallbackServerContext* context,
+                                                const v1::HealthRequest*,
+                                                v1::HealthResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  grpc::Status st = CheckProtocol(*context);
+  if (st.ok()) *response = HealthNow();
+  reactor->Finish(st);
+  return reactor;
 }
 
 grpc::Status DecodeService::Reserve(grpc::ServerContext* context, const v1::ReserveRequest* req,
@@ -280,9 +525,14 @@ grpc::Status DecodeService::OpenKvLink(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::CancelRequest* req,
-                                   v1::CancelResponse* response) {
-  if (grpc::Status st = CheckProtocol(*context); !st.ok()) return st;
+grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* context,
+                                                const v1::CancelRequest* req,
+                                                v1::CancelResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status st = CheckProtocol(*context); !st.ok()) {
+    reactor->Finish(st);
+    return reactor;
+  }
   bool found = false;
   if (req->transfer_id() != 0) {
     found = transfers_->Cancel(req->transfer_id(), "a Cancel call");
@@ -297,210 +547,125 @@ grpc::Status DecodeService::Cancel(grpc::ServerContext* context, const v1::Cance
       }
     }
   }
-  for (const auto& c : hits) RequestCancel(*c, "a Cancel call");
+  for (const auto& c : hits) c->RequestCancel();
   response->set_found(found || !hits.empty());
-  return grpc::Status::OK;
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
 }
 
-grpc::Status DecodeService::Generate(grpc::ServerContext* context,
-                                     const v1::GenerateRequest* request,
-                                     grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  if (grpc::Status st = CheckProtocol(*context); !st.ok()) return st;
-  HandlerScope scope(handlers_);
+grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* req) {
   auto call = std::make_shared<Call>();
-  call->request_id = request->request_id();
-  call->transfer_id = request->transfer_id();
-  {
-    MutexLock lock(&calls_mu_);
-    calls_[call.get()] = call;
+  call->service = this;
+  call->engine = &engine_;
+  call->transfers = transfers_.get();
+  call->metrics = &metrics_;
+  call->request_id = req->request_id();
+  call->transfer_id = req->transfer_id();
+  call->n_prompt = req->prompt_size();
+  call->accepted = absl::Now();
+  auto* reactor = new GenerateReactor(*this, call);
+  if (grpc::Status st = CheckProtocol(*context); !st.ok()) {
+    {
+      MutexLock lock(&call->mu);
+      call->finish = st;
+    }
+    call->Pump();
+    call->MarkEnded();
+    return reactor;
   }
-  grpc::Status st = GenerateChecked(context, *request, writer, call);
-  {
-    MutexLock lock(&calls_mu_);
-    calls_.erase(call.get());
-  }
-  return st;
-}
-
-grpc::Status DecodeService::GenerateChecked(grpc::ServerContext* context,
-                                            const v1::GenerateRequest& req,
-                                            grpc::ServerWriter<v1::GenerateResponse>* writer,
-                                            std::shared_ptr<Call> call) {
-  const absl::Time accepted = absl::Now();
-  const int n = req.prompt_size();
-  auto reject = [&](const absl::Status& s) {
-    metrics_.GenerateRejected(s);
-    spdlog::info("generate request_id={} transfer={} prompt={} rejected: {}", req.request_id(),
-                 req.transfer_id(), n, s.ToString());
-    return ToGrpcStatus(s);
-  };
-  auto cancelled_now = [&] {
-    MutexLock lock(&call->mu);
-    return call->cancelled;
-  };
-  // A request cancelled before it reached the engine: one end-only event.
-  auto end_cancelled = [&](const std::string& why) {
-    v1::GenerateResponse r;
-    r.set_token(-1);
-    r.set_finish(v1::FINISH_CANCELLED);
-    r.set_error(why);
-    r.mutable_usage()->set_prompt_tokens(n);
-    r.mutable_timing()->set_queue_s(Seconds(absl::Now() - accepted));
-    writer->Write(r);
-    metrics_.GenerateDone("cancelled", n, 0, 0, GenerateTimes{});
-    spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
-                 req.request_id(), req.transfer_id(), n, why);
-    return grpc::Status::OK;
-  };
-  if (draining_ && req.transfer_id() == 0) {
-    return reject(absl::UnavailableError("decode worker: draining, no new work"));
+  if (draining_ && req->transfer_id() == 0) {
+    call->Reject(absl::UnavailableError("decode worker: draining, no new work"));
+    return reactor;
   }
   DecodeRequest r;
-  r.prompt.assign(req.prompt().begin(), req.prompt().end());
-  absl::StatusOr<SamplingParams> sampling = SamplingFromWire(req.sampling());
-  if (!sampling.ok()) return reject(sampling.status());
-  r.sampling = *sampling;
-  r.max_tokens = req.max_tokens();
-  r.stop.assign(req.stop().begin(), req.stop().end());
-  r.ignore_eos = req.ignore_eos();
-  r.continuation = req.continuation();
-  if (absl::Status v = engine_.Validate(r); !v.ok()) return reject(v);
-
-  const uint64_t tid = req.transfer_id();
-  int32_t adopted_kv = -1;
-  if (tid != 0) {
-    // Bounded by the lease: the reaper ends a transfer that does not complete in time. The
-    // extra bound only guards against a reaper that never ran.
-    const absl::Time give_up = accepted + options_.transfers.max_lease + absl::Seconds(5);
-    while (true) {
-      absl::StatusOr<bool> done = transfers_->AwaitComplete(tid, options_.poll);
-      if (!done.ok()) {
-        if (absl::IsCancelled(done.status())) return end_cancelled(done.status().ToString());
-        return reject(done.status());
-      }
-      if (*done) break;
-      if (context->IsCancelled()) {
-        transfers_->Cancel(tid, "the Generate call's client went away");
-        metrics_.GenerateDone("cancelled", n, 0, 0, GenerateTimes{});
-        return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-      }
-      if (cancelled_now()) {
-        transfers_->Cancel(tid, "its Generate call was cancelled");
-        return end_cancelled("cancelled while waiting for the KV transfer");
-      }
-      if (absl::Now() > give_up) {
-        transfers_->Cancel(tid, "Generate gave up waiting");
-        return reject(absl::DeadlineExceededError(
-            absl::StrCat("transfer ", tid, " did not complete in time")));
-      }
-    }
-    absl::StatusOr<AdoptedKv> a = transfers_->Adopt(tid, n);
-    if (!a.ok()) return reject(a.status());
-    adopted_kv = a->kv_seq;
-    r.reserved_kv_seq = a->kv_seq;
-    r.reserved_slots = a->n_slots;
-    r.reserved_trimmed = a->trimmed;
+  r.prompt.assign(req->prompt().begin(), req->prompt().end());
+  absl::StatusOr<SamplingParams> sampling = SamplingFromWire(req->sampling());
+  if (!sampling.ok()) {
+    call->Reject(sampling.status());
+    return reactor;
   }
-
-  Call* c = call.get();
-  r.on_event = [call](const TokenEvent& ev) {
+  r.sampling = *sampling;
+  r.max_tokens = req->max_tokens();
+  r.stop.assign(req->stop().begin(), req->stop().end());
+  r.ignore_eos = req->ignore_eos();
+  r.continuation = req->continuation();
+  if (absl::Status v = engine_.Validate(r); !v.ok()) {
+    call->Reject(v);
+    return reactor;
+  }
+  {
     MutexLock lock(&call->mu);
-    call->events.push_back(ev);
-    call->cv.Signal();
-  };
-  const absl::Time submitted = absl::Now();
+    call->request = std::move(r);
+  }
+  if (call->transfer_id == 0) {
+    Submit(call);
+  } else {
+    // Bounded by the lease: the reaper ends a transfer that does not complete in time.
+    transfers_->WhenSettled(call->transfer_id, [this, call] { TransferSettled(call); });
+  }
+  return reactor;
+}
+
+void DecodeService::TransferSettled(const std::shared_ptr<Call>& call) {
+  const uint64_t tid = call->transfer_id;
+  absl::StatusOr<bool> done = transfers_->AwaitComplete(tid, absl::ZeroDuration());
+  if (done.ok() && !*done) {  // not settled after all: wait on
+    transfers_->WhenSettled(tid, [this, call] { TransferSettled(call); });
+    return;
+  }
+  bool gone = false;
+  {
+    MutexLock lock(&call->mu);
+    gone = call->client_gone;
+  }
+  if (!done.ok()) {
+    if (gone) {
+      metrics_.GenerateDone("cancelled", call->n_prompt, 0, 0, GenerateTimes{});
+      call->MarkEnded();
+    } else if (absl::IsCancelled(done.status())) {
+      call->EndCancelled(done.status().ToString());
+    } else {
+      call->Reject(done.status());
+    }
+    return;
+  }
+  absl::StatusOr<AdoptedKv> a = transfers_->Adopt(tid, call->n_prompt);
+  if (!a.ok()) {
+    call->Reject(a.status());
+    return;
+  }
+  {
+    MutexLock lock(&call->mu);
+    call->request.reserved_kv_seq = a->kv_seq;
+    call->request.reserved_slots = a->n_slots;
+    call->request.reserved_trimmed = a->trimmed;
+  }
+  Submit(call);
+}
+
+void DecodeService::Submit(const std::shared_ptr<Call>& call) {
+  DecodeRequest r;
+  {
+    MutexLock lock(&call->mu);
+    r = std::move(call->request);
+    call->submitted = absl::Now();
+  }
+  const int32_t adopted_kv = r.reserved_kv_seq;
+  r.on_event = [call](const TokenEvent& ev) { call->OnEvent(ev); };
   absl::StatusOr<int64_t> id = engine_.Submit(std::move(r));
   if (!id.ok()) {
     if (adopted_kv >= 0) engine_.ReleaseKv(adopted_kv);
-    return reject(id.status());
+    call->Reject(id.status());
+    return;
   }
   bool cancel_now = false;
   {
-    MutexLock lock(&c->mu);
-    c->engine_id = *id;
-    cancel_now = c->cancelled;
+    MutexLock lock(&call->mu);
+    call->engine_id = *id;
+    cancel_now = call->cancelled || call->client_gone;
   }
   if (cancel_now) engine_.Cancel(*id);
-
-  // Stream the events until the finish.
-  bool client_gone = false;
-  absl::Time cancel_sent = absl::InfiniteFuture();
-  absl::Time first_token = absl::InfinitePast(), last_token = absl::InfinitePast();
-  int completion = 0;
-  TokenEvent final_event;
-  bool finished = false;
-  std::deque<TokenEvent> batch;
-  while (!finished) {
-    {
-      MutexLock lock(&c->mu);
-      if (c->events.empty()) c->cv.WaitWithTimeout(&c->mu, options_.poll);
-      batch.swap(c->events);
-    }
-    for (TokenEvent& ev : batch) {
-      const absl::Time now = absl::Now();
-      if (ev.token >= 0) {
-        ++completion;
-        if (completion == 1) first_token = now;
-        if (completion > 1) metrics_.InterToken(Seconds(now - last_token));
-        last_token = now;
-      }
-      v1::GenerateResponse out;
-      EventToWire(ev, &out);
-      if (ev.finish != FinishReason::kNone) {
-        finished = true;
-        v1::Usage* u = out.mutable_usage();
-        u->set_prompt_tokens(n);
-        u->set_completion_tokens(completion);
-        u->set_cached_tokens(ev.cached_tokens);
-        v1::DecodeTiming* t = out.mutable_timing();
-        t->set_queue_s(ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds
-                                             : Seconds(now - accepted));
-        if (completion > 0) {
-          t->set_first_token_s(Seconds(first_token - accepted));
-          t->set_decode_s(Seconds(last_token - first_token));
-        }
-        final_event = std::move(ev);
-      }
-      if (!client_gone && !writer->Write(out)) {
-        client_gone = true;
-        engine_.Cancel(*id);
-        cancel_sent = absl::Now();
-      }
-      if (finished) break;
-    }
-    batch.clear();
-    if (finished) break;
-    if (!client_gone && context->IsCancelled()) {
-      client_gone = true;
-      engine_.Cancel(*id);
-      cancel_sent = absl::Now();
-    }
-    if (cancel_sent == absl::InfiniteFuture() && cancelled_now()) cancel_sent = absl::Now();
-    if (absl::Now() - cancel_sent > options_.cancel_wait) {
-      spdlog::warn("generate request_id={}: no final event {} s after the cancel; giving up",
-                   req.request_id(), Seconds(options_.cancel_wait));
-      break;
-    }
-  }
-
-  const char* finish = finished ? FinishReasonName(final_event.finish) : "cancelled";
-  GenerateTimes times;
-  times.ttft_s = completion > 0 ? Seconds(first_token - accepted) : -1;
-  times.tpot_s = completion > 1 ? Seconds(last_token - first_token) / (completion - 1) : -1;
-  times.decode_s = completion > 0 ? Seconds(last_token - first_token) : -1;
-  times.queue_s = final_event.queue_seconds >= 0
-                      ? Seconds(submitted - accepted) + final_event.queue_seconds
-                      : -1;
-  times.e2e_s = Seconds(absl::Now() - accepted);
-  metrics_.GenerateDone(finish, n, completion, final_event.cached_tokens, times);
-  spdlog::info(
-      "generate request_id={} id={} transfer={} prompt={} cached={} completion={} finish={} "
-      "ttft={:.3f}s{}{}",
-      req.request_id(), *id, tid, n, final_event.cached_tokens, completion, finish, times.ttft_s,
-      client_gone ? " (client went away)" : "",
-      final_event.error.empty() ? std::string() : " error: " + final_event.error);
-  if (client_gone) return grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-  return grpc::Status::OK;
 }
 
 }  // namespace tripod

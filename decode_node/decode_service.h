@@ -1,5 +1,9 @@
-// DecodeService: tripod.v1.Decode on gRPC's synchronous API, a thin adapter from the wire to the
-// DecodeEngine and the worker's KV transfers (KvTransfers, which it owns).
+// DecodeService: tripod.v1.Decode, a thin adapter from the wire to the DecodeEngine and the
+// worker's KV transfers (KvTransfers, which it owns). Generate, Cancel and Health run on gRPC's
+// callback API: a Generate stream holds no thread while it waits for its KV, its turn in the
+// engine or its client, so the streams a worker holds open are bounded by its memory, not by a
+// thread quota, and Health answers however many there are. Reserve, OpenKvLink and PushKv (one
+// stream per transfer in flight, writing chunks into the blocks) are synchronous.
 //
 //  - Reserve sets blocks aside in the engine and registers a transfer under a fresh id, with a
 //    lease (the request's, else the worker's default).
@@ -10,10 +14,9 @@
 //    call answers with the totals. A stream that ends without its end message aborts it too.
 //  - Generate with a transfer id waits (bounded by the lease) for the transfer to complete, then
 //    adopts its blocks: the engine runs only the last prompt token. With transfer id 0 the
-//    engine prefills the plain prompt itself. Events are queued by the engine's callback and
-//    written by the handler thread, which looks every poll interval whether its client went away
-//    (then the request is cancelled and its blocks freed). The last event carries the finish,
-//    the usage and this process's timing.
+//    engine prefills the plain prompt itself. The engine's events are queued and written one at
+//    a time as the client takes them; a client that goes away cancels the request (its blocks
+//    freed). The last event carries the finish, the usage and this process's timing.
 //  - Cancel ends a Generate call (by request id) and/or a transfer (by transfer id).
 //  - Health reports the worker's role, model, plan, load and KV blocks.
 //
@@ -46,18 +49,17 @@ namespace tripod {
 struct DecodeServiceOptions {
   KvTransfersOptions transfers;
   KvLinksOptions links;  // which KV links (OpenKvLink) this worker takes
-  // How often a waiting handler looks whether its client went away (the sync API has no
-  // callback for it).
-  absl::Duration poll = absl::Milliseconds(50);
-  // After a cancel, how long a handler waits for the engine's final event before it gives up.
-  absl::Duration cancel_wait = absl::Seconds(30);
 };
 
 // The wire's sampling parameters, with its zero defaults read as "off" (top_p 0 and
 // repetition_penalty 0 are 1). INVALID_ARGUMENT naming the field when out of range.
 absl::StatusOr<SamplingParams> SamplingFromWire(const v1::SamplingParams& p);
 
-class DecodeService final : public v1::Decode::Service {
+using DecodeServiceBase =
+    v1::Decode::WithCallbackMethod_Generate<v1::Decode::WithCallbackMethod_Cancel<
+        v1::Decode::WithCallbackMethod_Health<v1::Decode::Service>>>;
+
+class DecodeService final : public DecodeServiceBase {
  public:
   // `engine` (started, with its loop) and `metrics` must outlive the service. `model`: what
   // Health reports.
@@ -70,12 +72,14 @@ class DecodeService final : public v1::Decode::Service {
                        v1::ReserveResponse* response) override;
   grpc::Status PushKv(grpc::ServerContext* context, grpc::ServerReader<v1::KvChunk>* reader,
                       v1::PushKvResponse* response) override;
-  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
-                        grpc::ServerWriter<v1::GenerateResponse>* writer) override;
-  grpc::Status Cancel(grpc::ServerContext* context, const v1::CancelRequest* request,
-                      v1::CancelResponse* response) override;
-  grpc::Status Health(grpc::ServerContext* context, const v1::HealthRequest* request,
-                      v1::HealthResponse* response) override;
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Cancel(grpc::CallbackServerContext* context,
+                                   const v1::CancelRequest* request,
+                                   v1::CancelResponse* response) override;
+  grpc::ServerUnaryReactor* Health(grpc::CallbackServerContext* context,
+                                   const v1::HealthRequest* request,
+                                   v1::HealthResponse* response) override;
   grpc::Status OpenKvLink(grpc::ServerContext* context, const v1::OpenKvLinkRequest* request,
                           v1::OpenKvLinkResponse* response) override;
 
@@ -94,10 +98,13 @@ class DecodeService final : public v1::Decode::Service {
 
  private:
   struct Call;
-  grpc::Status GenerateChecked(grpc::ServerContext* context, const v1::GenerateRequest& request,
-                               grpc::ServerWriter<v1::GenerateResponse>* writer,
-                               std::shared_ptr<Call> call);
-  void RequestCancel(Call& call, const std::string& why);
+  class GenerateReactor;
+  // The call's transfer completed or ended: adopt its KV and submit, or end the call.
+  void TransferSettled(const std::shared_ptr<Call>& call);
+  // Submits the call's request to the engine (with its transfer's KV, if any).
+  void Submit(const std::shared_ptr<Call>& call);
+  // The call's RPC is done and its request ended.
+  void Forget(Call* call);
 
   DecodeEngine& engine_;
   DecodeMetrics& metrics_;
@@ -105,9 +112,12 @@ class DecodeService final : public v1::Decode::Service {
   const DecodeServiceOptions options_;
   const KvLayout layout_;  // the cache's
   std::atomic<bool> draining_{false};
-  std::atomic<int> handlers_{0};  // Generate and PushKv handlers running
+  std::atomic<int> handlers_{0};  // Generate calls and PushKv handlers not yet done
 
+  // Generate calls until both their RPC is done and their request ended (an engine request
+  // outlives a client that went away).
   mutable Mutex calls_mu_;
+  CondVar calls_gone_;  // calls_ became empty
   absl::flat_hash_map<const Call*, std::shared_ptr<Call>> calls_ ABSL_GUARDED_BY(calls_mu_);
 
   std::unique_ptr<KvLinks> links_;

@@ -39,11 +39,12 @@ struct KvTransfers::Transfer {
   absl::Time created;
   absl::Time deadline;
   absl::Duration lease;
-  std::unique_ptr<KvChunkReceiver> receiver;  // used by the stream's thread only
-  bool streaming = false;                     // a PushKv stream is bound
-  bool writing = false;                       // a chunk is going into the blocks right now
-  bool release_pending = false;               // ended while writing: the writer releases
-  uint32_t chunks_in = 0;                     // data chunks accepted (for messages)
+  std::unique_ptr<KvChunkReceiver> receiver;   // used by the stream's thread only
+  bool streaming = false;                      // a PushKv stream is bound
+  bool writing = false;                        // a chunk is going into the blocks right now
+  bool release_pending = false;                // ended while writing: the writer releases
+  uint32_t chunks_in = 0;                      // data chunks accepted (for messages)
+  std::vector<std::function<void()>> settled;  // WhenSettled's, until it completes or ends
 };
 
 namespace {
@@ -164,6 +165,8 @@ void KvTransfers::End(std::shared_ptr<Transfer> t, TransferState state, absl::St
   }
   pending.ends.push_back(
       TransferEnd{t->id, state, std::move(reason), std::move(status), now - t->created});
+  for (auto& fn : t->settled) pending.wakes.push_back(std::move(fn));
+  t->settled.clear();
   changed_.SignalAll();
 }
 
@@ -172,6 +175,7 @@ void KvTransfers::Run(Pending& pending) {
   if (on_end_) {
     for (const TransferEnd& e : pending.ends) on_end_(e);
   }
+  for (const auto& fn : pending.wakes) fn();
   pending = {};
 }
 
@@ -251,6 +255,8 @@ absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& c
       result = st;
     } else if (progress.complete) {
       t->state = TransferState::kComplete;
+      for (auto& fn : t->settled) pending.wakes.push_back(std::move(fn));
+      t->settled.clear();
       changed_.SignalAll();
     }
     changed_.SignalAll();  // writers_ changed (Shutdown waits for 0)
@@ -294,6 +300,18 @@ absl::StatusOr<bool> KvTransfers::AwaitComplete(uint64_t id, absl::Duration wait
       return t->state == TransferState::kComplete;
     }
   }
+}
+
+void KvTransfers::WhenSettled(uint64_t id, std::function<void()> fn) {
+  {
+    MutexLock lock(&mu_);
+    std::shared_ptr<Transfer> t = Live(id);
+    if (t != nullptr && t->state != TransferState::kComplete) {
+      t->settled.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
 }
 
 absl::StatusOr<AdoptedKv> KvTransfers::Adopt(uint64_t id, int n_prompt) {

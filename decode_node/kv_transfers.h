@@ -125,6 +125,10 @@ class KvTransfers {
   // Waits at most `wait` for the transfer to complete: true when it has, false when it is still
   // on its way; an error when it ended otherwise (the status that ended it) or is unknown.
   absl::StatusOr<bool> AwaitComplete(uint64_t transfer_id, absl::Duration wait);
+  // Calls fn once the transfer is complete or has ended (then AwaitComplete(id, 0) says which):
+  // on the thread that completed or ended it, no lock held; at once, on this thread, if it
+  // already has, or is unknown. So that a Generate call waits for its KV without a thread.
+  void WhenSettled(uint64_t transfer_id, std::function<void()> fn);
   // Hands a complete transfer's blocks to the caller (who then owns them: adopt them in the
   // engine, or release them). A prompt of another length than reserved aborts the transfer.
   absl::StatusOr<AdoptedKv> Adopt(uint64_t transfer_id, int n_prompt);
@@ -144,6 +148,7 @@ class KvTransfers {
   struct Pending {
     std::vector<int32_t> releases;
     std::vector<TransferEnd> ends;
+    std::vector<std::function<void()>> wakes;  // WhenSettled's
   };
   struct Tombstone {
     TransferState state;

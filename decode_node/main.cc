@@ -170,7 +170,8 @@ int Run(const sigset_t& signals) {
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &grpc_port);
   builder.RegisterService(service.get());
   ConfigureWorkerServer(builder);
-  // Every Generate call holds a handler thread for its whole stream.
+  // The synchronous methods' threads: a PushKv stream holds one for its transfer (Generate,
+  // Cancel and Health are callbacks and hold none).
   grpc::ResourceQuota quota("tripod-decode");
   quota.SetMaxThreads(std::max(256, 4 * eo.max_running + 64));
   builder.SetResourceQuota(quota);
@@ -232,7 +233,7 @@ int Run(const sigset_t& signals) {
     spdlog::info("tripod-decode: cancelling {} still in flight", service->in_flight());
   }
   service->CancelAll("the worker is shutting down");
-  // Handlers see their finish events (or their call cancelled) within a poll interval or two.
+  // Calls still open after the deadline are cancelled (their requests with them).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   server->Wait();
   (*http)->Stop();

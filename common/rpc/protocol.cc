@@ -16,7 +16,7 @@ std::unique_ptr<grpc::ClientContext> NewClientContext(std::chrono::milliseconds 
   return ctx;
 }
 
-grpc::Status CheckProtocol(const grpc::ServerContext& context) {
+grpc::Status CheckProtocol(const grpc::ServerContextBase& context) {
   const auto& md = context.client_metadata();
   auto it = md.find(kProtocolMetadataKey);
   if (it == md.end()) {

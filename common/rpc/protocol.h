@@ -25,7 +25,7 @@ std::unique_ptr<grpc::ClientContext> NewClientContext(
 
 // OK when the caller sent this protocol's version; FAILED_PRECONDITION naming both versions
 // otherwise (or when it sent none).
-grpc::Status CheckProtocol(const grpc::ServerContext& context);
+grpc::Status CheckProtocol(const grpc::ServerContextBase& context);
 
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);

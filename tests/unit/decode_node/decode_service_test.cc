@@ -1,12 +1,14 @@
 // DecodeService end to end through a real gRPC server on 127.0.0.1:0 and a real stub (fp32, the
 // bundled model): Reserve + PushKv + Generate gives the local prefill's greedy tokens, Generate
 // waits for a transfer still on its way, bad chunks and expired leases free every block and say
-// why, Cancel and a vanished client end the request, draining refuses new work, the protocol
-// version is checked, and the metrics count what happened. Every wait is bounded.
+// why, Cancel and a vanished client end the request, waiting calls hold no threads, draining
+// refuses new work, the protocol version is checked, and the metrics count what happened. Every
+// wait is bounded.
 #include "decode_node/decode_service.h"
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -52,7 +54,6 @@ struct Worker {
     v1::ModelIdentity model;
     model.set_file_name("test.gguf");
     DecodeServiceOptions so;
-    so.poll = absl::Milliseconds(10);
     service = std::make_unique<DecodeService>(*engine, *metrics, model, so);
     metrics->AddGauges(*engine, service->transfers(),
                        [s = service.get()] { return s->draining(); });
@@ -502,6 +503,100 @@ TEST_F(DecodeServiceTest, CancelAndAVanishedClientEndTheRequest) {
       text.find("tripod:request_success_total{finish_reason=\"cancelled\",role=\"decode\"} 3"),
       std::string::npos)
       << text;
+}
+
+int ThreadCount() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Generate calls waiting for their KV take no thread each (the callback API): 64 of them at once
+// add a few threads at most, Health answers meanwhile, and cancelling their transfers ends each
+// with one cancelled event.
+TEST_F(DecodeServiceTest, WaitingStreamsHoldNoThreads) {
+  Worker w;
+  constexpr int kStreams = 64;
+  const std::vector<int32_t> prompt = RandomPrompt(10, 9);  // one block each
+  grpc::CompletionQueue cq;
+  auto next = [&cq](void** tag, bool* ok) {
+    return cq.AsyncNext(tag, ok, std::chrono::system_clock::now() + std::chrono::seconds(60)) ==
+           grpc::CompletionQueue::GOT_EVENT;
+  };
+  struct Stream {
+    std::unique_ptr<grpc::ClientContext> ctx;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateResponse>> reader;
+    uint64_t transfer_id = 0;
+  };
+  std::vector<Stream> streams(kStreams);
+  const int threads_before = ThreadCount();
+  ASSERT_GT(threads_before, 0);
+  for (int i = 0; i < kStreams; ++i) {
+    absl::StatusOr<v1::ReserveResponse> r = w.Reserve(static_cast<int>(prompt.size()));
+    ASSERT_TRUE(r.ok()) << r.status();
+    Stream& s = streams[i];
+    s.transfer_id = r->transfer_id();
+    s.ctx = NewClientContext(kCallTimeout);
+    s.reader =
+        w.stub->PrepareAsyncGenerate(s.ctx.get(), Greedy(prompt, 4, s.transfer_id, 500 + i), &cq);
+    s.reader->StartCall(&s);
+  }
+  for (int i = 0; i < kStreams; ++i) {
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(next(&tag, &ok));
+    ASSERT_TRUE(ok);
+  }
+  // Every call reached the service: 64 calls and 64 transfers.
+  const absl::Time until = absl::Now() + absl::Seconds(60);
+  while (w.service->in_flight() < 2 * kStreams && absl::Now() < until) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(w.service->in_flight(), 2 * kStreams);
+  const int threads_waiting = ThreadCount();
+  EXPECT_LT(threads_waiting - threads_before, 16)
+      << threads_before << " threads before, " << threads_waiting << " with the calls waiting";
+  EXPECT_EQ(w.Health().reservations(), kStreams);
+
+  for (Stream& s : streams) {
+    v1::CancelRequest c;
+    c.set_transfer_id(s.transfer_id);
+    v1::CancelResponse resp;
+    auto ctx = NewClientContext(std::chrono::seconds(10));
+    ASSERT_TRUE(w.stub->Cancel(ctx.get(), c, &resp).ok());
+    EXPECT_TRUE(resp.found());
+  }
+  for (Stream& s : streams) {
+    std::vector<v1::GenerateResponse> events;
+    while (true) {
+      v1::GenerateResponse ev;
+      s.reader->Read(&ev, &s);
+      void* tag = nullptr;
+      bool ok = false;
+      ASSERT_TRUE(next(&tag, &ok));
+      ASSERT_EQ(tag, &s);
+      if (!ok) break;
+      events.push_back(ev);
+    }
+    grpc::Status st;
+    s.reader->Finish(&st, &s);
+    void* tag = nullptr;
+    bool ok = false;
+    ASSERT_TRUE(next(&tag, &ok));
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    ASSERT_EQ(events.size(), 1u);
+    EXPECT_EQ(events[0].finish(), v1::FINISH_CANCELLED);
+    EXPECT_EQ(events[0].token(), -1);
+  }
+  EXPECT_TRUE(w.AwaitAllFree());
+  cq.Shutdown();
+  void* tag = nullptr;
+  bool ok = false;
+  while (cq.Next(&tag, &ok)) {
+  }
 }
 
 TEST_F(DecodeServiceTest, ValidationDrainingAndProtocol) {

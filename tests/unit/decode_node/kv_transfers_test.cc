@@ -394,6 +394,56 @@ TEST_F(KvTransfersTest, CancelStreamEndAndMismatchedPromptAbort) {
   EXPECT_EQ(transfers_->active(), 0);
 }
 
+TEST_F(KvTransfersTest, WhenSettledFiresOnceOnCompletionOrEnd) {
+  auto src = Source(16, 6);
+  std::atomic<int> completed{0}, cancelled{0}, expired{0}, at_once{0};
+  // Fires when the last chunk completes the transfer, not before.
+  const TransferTicket a = Add(17);
+  transfers_->WhenSettled(a.transfer_id, [&] {
+    EXPECT_TRUE(*transfers_->AwaitComplete(a.transfer_id, absl::ZeroDuration()));
+    ++completed;
+  });
+  std::vector<v1::KvChunk> ac = Chunks(*src, 16, a.transfer_id);
+  ASSERT_TRUE(transfers_->OpenStream(a.transfer_id).ok());
+  for (size_t i = 0; i + 1 < ac.size(); ++i) {
+    ASSERT_TRUE(transfers_->Push(a.transfer_id, ac[i]).ok());
+    EXPECT_EQ(completed.load(), 0);
+  }
+  ASSERT_TRUE(transfers_->Push(a.transfer_id, ac.back()).ok());
+  EXPECT_EQ(completed.load(), 1);
+  // Complete already, or unknown: at once, on this thread.
+  transfers_->WhenSettled(a.transfer_id, [&] { ++at_once; });
+  transfers_->WhenSettled(999, [&] { ++at_once; });
+  EXPECT_EQ(at_once.load(), 2);
+  absl::StatusOr<AdoptedKv> adopted = transfers_->Adopt(a.transfer_id, 17);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  {
+    MutexLock lock(&mu_);
+    cache_->FreeSequence(adopted->kv_seq);
+  }
+  // A cancel and an expired lease end the wait with what ended the transfer; two waiters both.
+  const TransferTicket b = Add(17);
+  for (int i = 0; i < 2; ++i) {
+    transfers_->WhenSettled(b.transfer_id, [&] {
+      EXPECT_EQ(transfers_->AwaitComplete(b.transfer_id, absl::ZeroDuration()).status().code(),
+                absl::StatusCode::kCancelled);
+      ++cancelled;
+    });
+  }
+  EXPECT_TRUE(transfers_->Cancel(b.transfer_id, "a test"));
+  EXPECT_EQ(cancelled.load(), 2);
+  const TransferTicket c = Add(17, absl::Milliseconds(100));
+  transfers_->WhenSettled(c.transfer_id, [&] {
+    EXPECT_EQ(State(c.transfer_id), TransferState::kExpired);
+    ++expired;
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(30);
+  while (expired.load() == 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(expired.load(), 1);
+  EXPECT_EQ(completed.load(), 1);
+  EXPECT_EQ(cancelled.load(), 2);
+}
+
 TEST_F(KvTransfersTest, IdsAreUniqueNonZeroAndShutdownFreesEverything) {
   std::set<uint64_t> ids;
   for (int i = 0; i < 2000; ++i) {

@@ -129,7 +129,6 @@ class InProcessWorkersTest : public ::testing::Test {
     model.set_n_layers(prefill_engine_->model().config.n_layers);
     decode_metrics_ = std::make_unique<DecodeMetrics>(decode_registry_);
     DecodeServiceOptions so;
-    so.poll = absl::Milliseconds(10);
     decode_service_ = std::make_unique<DecodeService>(*decode_engine_, *decode_metrics_, model, so);
     decode_server_ = StartServer(decode_service_.get(), &decode_port_);
     PrefillWorkerOptions wo;
