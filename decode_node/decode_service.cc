@@ -316,6 +316,7 @@ absl::StatusOr<SamplingParams> SamplingFromWire(const v1::SamplingParams& p) {
   s.frequency_penalty = p.frequency_penalty();
   s.seed = p.seed();
   s.top_logprobs = p.top_logprobs();
+  for (const v1::TokenBias& b : p.logit_bias()) s.logit_bias.push_back({b.id(), b.bias()});
   if (absl::Status st = s.Validate(); !st.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", st.message()));
   }

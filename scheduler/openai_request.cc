@@ -1,5 +1,6 @@
 #include "scheduler/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -41,6 +42,7 @@ struct RawRequest {
   std::string budget_text;       // as the client wrote it, for the error message
   std::vector<std::string> stop;
   std::optional<uint64_t> seed;
+  std::vector<std::pair<int64_t, double>> logit_bias;  // token id, bias; as given
   bool logprobs = false;
   std::optional<int64_t> top_logprobs;
   std::string top_logprobs_param = "logprobs";
@@ -96,6 +98,36 @@ std::optional<ApiError> OnlyOne(const std::string& param, const std::optional<in
   return InvalidRequest(absl::StrCat("'", param, "' must be 1 (one completion per request is ",
                                      "supported), got ", *v),
                         param);
+}
+
+// Checked and sorted by id; the vocabulary's size is checked with the model (PrepareRequest).
+std::optional<ApiError> BuildLogitBias(std::vector<std::pair<int64_t, double>> given,
+                                       std::vector<TokenBias>* out) {
+  if (given.size() > SamplingParams::kMaxLogitBias) {
+    return InvalidRequest(absl::StrCat("'logit_bias' holds ", given.size(), " tokens; at most ",
+                                       SamplingParams::kMaxLogitBias, " are allowed"),
+                          "logit_bias");
+  }
+  std::sort(given.begin(), given.end());
+  for (size_t i = 0; i < given.size(); ++i) {
+    const auto [id, bias] = given[i];
+    if (id < 0 || id > kInt32Max) {
+      return InvalidRequest(
+          absl::StrCat("'logit_bias' keys must be token ids (integers >= 0), got ", id),
+          "logit_bias");
+    }
+    if (i > 0 && given[i - 1].first == id) {
+      return InvalidRequest(absl::StrCat("'logit_bias' names token ", id, " twice"), "logit_bias");
+    }
+    const double lim = SamplingParams::kMaxAbsBias;
+    if (!(std::isfinite(bias) && bias >= -lim && bias <= lim)) {
+      return InvalidRequest(absl::StrCat("'logit_bias' values must be in [-100, 100], got ",
+                                         FormatNumber(bias), " for token ", id),
+                            "logit_bias");
+    }
+    out->push_back({static_cast<int32_t>(id), static_cast<float>(bias)});
+  }
+  return std::nullopt;
 }
 
 ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
@@ -171,6 +203,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   }
   req.logprobs = raw.logprobs;
   if (raw.logprobs && raw.top_logprobs) s.top_logprobs = static_cast<int>(*raw.top_logprobs);
+  API_RETURN_IF_ERROR(BuildLogitBias(raw.logit_bias, &s.logit_bias));
   // A backstop: the checks above are at least as strict as Validate's.
   if (absl::Status st = s.Validate(); !st.ok()) return InvalidRequest(std::string(st.message()));
 
@@ -248,7 +281,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
   if (suffix.has_value() && !suffix->empty()) {
     return InvalidRequest("'suffix' is not supported (only empty)", "suffix");
   }
-  for (const char* key : {"logit_bias", "tools", "functions"}) {
+  for (const char* key : {"tools", "functions"}) {
     auto it = body.find(key);
     if (it != body.end() && !it->is_null() && !it->empty()) {
       return InvalidRequest(absl::StrCat("'", key, "' is not supported by this server"), key);
@@ -261,6 +294,31 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
       return InvalidRequest("'response_format' is not supported (only {\"type\": \"text\"})",
                             "response_format");
     }
+  }
+  return std::nullopt;
+}
+
+// {"50256": -100, ...}: OpenAI's shape, token ids as the keys' decimal text.
+std::optional<ApiError> ParseLogitBias(const json& body,
+                                       std::vector<std::pair<int64_t, double>>* out) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) {
+    return InvalidRequest("'logit_bias' must be an object of token ids to biases", "logit_bias");
+  }
+  for (const auto& [key, value] : it->items()) {
+    int64_t id = 0;
+    if (!absl::SimpleAtoi(key, &id)) {
+      return InvalidRequest(
+          absl::StrCat("'logit_bias' keys must be token ids (integers >= 0), got \"",
+                       key.substr(0, 32), "\""),
+          "logit_bias");
+    }
+    if (!value.is_number()) {
+      return InvalidRequest(absl::StrCat("'logit_bias' values must be numbers (token ", id, ")"),
+                            "logit_bias");
+    }
+    out->emplace_back(id, value.get<double>());
   }
   return std::nullopt;
 }
@@ -395,6 +453,7 @@ std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest*
   API_RETURN_IF_ERROR(GetNumber(body, "frequency_penalty", &raw->frequency_penalty));
   API_RETURN_IF_ERROR(ParseStop(body, &raw->stop));
   API_RETURN_IF_ERROR(ParseSeed(body, &raw->seed));
+  API_RETURN_IF_ERROR(ParseLogitBias(body, &raw->logit_bias));
   API_RETURN_IF_ERROR(GetInt(body, "n", &raw->n));
   API_RETURN_IF_ERROR(GetInt(body, "best_of", &raw->best_of));
 
@@ -512,6 +571,7 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
   if (p.has_frequency_penalty()) raw.frequency_penalty = p.frequency_penalty();
   raw.stop.assign(p.stop().begin(), p.stop().end());
   if (p.has_seed()) raw.seed = p.seed();
+  for (const auto& [id, bias] : p.logit_bias()) raw.logit_bias.emplace_back(id, bias);
   if (p.has_n()) raw.n = p.n();
   if (p.has_logprobs()) {
     raw.logprobs = true;

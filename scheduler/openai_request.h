@@ -19,7 +19,9 @@
 //   n, best_of         only 1
 //   logprobs           completions: 0..20 (top tokens reported); chat: a boolean, with
 //                      top_logprobs 0..20 (which needs logprobs true)
-//   echo               only false; suffix only empty; logit_bias only empty; tools only empty;
+//   logit_bias         {"token id": bias in [-100, 100]}, at most 1024 tokens, ids in the
+//                      vocabulary (checked with the model)
+//   echo               only false; suffix only empty; tools only empty;
 //                      response_format only {"type":"text"}: we would otherwise silently ignore
 //                      what the client asked for
 //   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos

@@ -52,6 +52,11 @@ void FillSampling(const SamplingParams& s, v1::SamplingParams* out) {
   out->set_frequency_penalty(s.frequency_penalty);
   out->set_seed(s.seed);
   out->set_top_logprobs(s.top_logprobs);
+  for (const TokenBias& b : s.logit_bias) {
+    v1::TokenBias* w = out->add_logit_bias();
+    w->set_id(b.id);
+    w->set_bias(b.bias);
+  }
 }
 
 }  // namespace

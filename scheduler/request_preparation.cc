@@ -48,6 +48,14 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
         "messages");
   }
   if (std::optional<ApiError> e = RefuseUnreadTooLong(request, served)) return *e;
+  const int32_t vocab = served.tokenizer->vocab_size();
+  for (const TokenBias& b : request.sampling.logit_bias) {
+    if (b.id >= vocab) {
+      return InvalidRequest(absl::StrCat("'logit_bias' names token ", b.id,
+                                         ", which is not in the vocabulary (", vocab, " tokens)"),
+                            "logit_bias");
+    }
+  }
   ApiResult<std::vector<int32_t>> ids =
       PromptTokenIds(request, *served.tokenizer, served.chat_template.value_or(ChatTemplate{}));
   if (const ApiError* e = std::get_if<ApiError>(&ids)) return *e;

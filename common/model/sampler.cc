@@ -37,6 +37,10 @@ SamplingParams Sanitize(SamplingParams p) {
   if (!std::isfinite(p.presence_penalty)) p.presence_penalty = 0.0f;
   if (!std::isfinite(p.frequency_penalty)) p.frequency_penalty = 0.0f;
   p.top_logprobs = std::clamp(p.top_logprobs, 0, SamplingParams::kMaxTopLogprobs);
+  std::erase_if(p.logit_bias, [](const TokenBias& b) { return b.id < 0 || std::isnan(b.bias); });
+  for (TokenBias& b : p.logit_bias) {
+    b.bias = std::clamp(b.bias, -SamplingParams::kMaxAbsBias, SamplingParams::kMaxAbsBias);
+  }
   return p;
 }
 
@@ -144,6 +148,22 @@ absl::Status SamplingParams::Validate() const {
   }
   if (top_logprobs < 0 || top_logprobs > kMaxTopLogprobs) {
     return RangeError("top_logprobs", "in [0, 20]", top_logprobs);
+  }
+  if (logit_bias.size() > kMaxLogitBias) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("sampling parameter logit_bias holds %d entries; at most %d are allowed",
+                        logit_bias.size(), kMaxLogitBias));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const TokenBias& b = logit_bias[i];
+    if (b.id < 0) return RangeError("logit_bias token id", ">= 0", b.id);
+    if (i > 0 && b.id <= logit_bias[i - 1].id) {
+      return absl::InvalidArgumentError(
+          "sampling parameter logit_bias must be sorted by token id, each id once");
+    }
+    if (!(b.bias >= -kMaxAbsBias && b.bias <= kMaxAbsBias)) {
+      return RangeError("logit_bias value", "in [-100, 100]", b.bias);
+    }
   }
   return absl::OkStatus();
 }
@@ -280,6 +300,9 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
 
   work_.resize(n);
   SanitizeLogits(logits.data(), work_.data(), n);
+  for (const TokenBias& b : params_.logit_bias) {
+    if (static_cast<size_t>(b.id) < n) work_[b.id] += b.bias;  // -inf stays -inf
+  }
   ApplyPenalties(history, output_start);
 
   const size_t argmax = ArgMax(work_);

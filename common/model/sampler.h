@@ -11,6 +11,14 @@
 
 namespace tripod {
 
+// A bias added to one token's logit before anything else (OpenAI's logit_bias): -100 all but
+// bans it, +100 all but forces it.
+struct TokenBias {
+  int32_t id;
+  float bias;
+  bool operator==(const TokenBias&) const = default;
+};
+
 // Sampling parameters of one request. Defaults sample from the model's own distribution.
 struct SamplingParams {
   float temperature = 1.0f;         // 0 = greedy (argmax; ties -> lowest id)
@@ -22,12 +30,17 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // -= frequency * count
   uint64_t seed = 0;
   // 0..20: how many most likely tokens to report. Log-probabilities are the log-softmax of the
-  // logits after penalties, before temperature and truncation: the model's distribution as the
-  // penalties shaped it, independent of how adventurous the draw is (vLLM reports the raw model
-  // log-probs by default; with no penalties set, the two agree).
+  // logits after the logit bias and the penalties, before temperature and truncation: the
+  // model's distribution as the bias and penalties shaped it, independent of how adventurous the
+  // draw is (vLLM reports the raw model log-probs by default; with no penalties set, the two
+  // agree).
   int top_logprobs = 0;
+  // Sorted by id, each id once, biases in [-100, 100]; ids past the vocabulary are ignored.
+  std::vector<TokenBias> logit_bias;
 
   static constexpr int kMaxTopLogprobs = 20;
+  static constexpr size_t kMaxLogitBias = 1024;  // entries: a bound on a request's size
+  static constexpr float kMaxAbsBias = 100.0f;
 
   // Checks every field's range; the message names the field and the value.
   absl::Status Validate() const;
@@ -46,8 +59,8 @@ struct SampledToken {
 
 // Samples one token per call. Not thread-safe (it owns an RNG and scratch buffers); one per
 // sequence. The pipeline, like llama.cpp's default chain:
-//   penalties -> (greedy if temperature == 0) -> top-k -> top-p -> min-p -> temperature ->
-//   softmax -> draw.
+//   logit bias -> penalties -> (greedy if temperature == 0) -> top-k -> top-p -> min-p ->
+//   temperature -> softmax -> draw.
 // top-p and min-p therefore see the temperature-1 distribution (renormalised over what top-k
 // kept); temperature only reshapes what survives truncation.
 class Sampler {

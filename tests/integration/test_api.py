@@ -72,6 +72,29 @@ def test_greedy_pop_off_equals_reference(cluster, client, n_prompt):
     assert timing["prefill_s"] > 0 and timing["first_token_s"] > 0
 
 
+def test_logit_bias(cluster, client):
+  """+100 forces a token at every step, -100 bans the greedy choice; through both workers and
+  the decode worker alone, completions and chat."""
+  for n_prompt in (5, 40):
+    prompt = corpus_prompt(n_prompt, offset=300)
+    want = reference_tokens(prompt, 6, precision="fp32")
+    forced = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=6,
+                                       temperature=0, logit_bias={"1000": 100},
+                                       extra_body={"ignore_eos": True, "tripod": {"pop": "off"}})
+    assert forced.choices[0].text == detokenize(cluster.s, [1000] * 6)
+    banned = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1,
+                                       temperature=0, logit_bias={str(want[0]): -100},
+                                       extra_body={"tripod": {"pop": "off"}})
+    assert banned.choices[0].text != detokenize(cluster.s, want[:1])
+  chat = client.chat.completions.create(
+      model=MODEL_NAME, messages=[{"role": "user", "content": "Say something."}], max_tokens=4,
+      temperature=0.8, seed=3, logit_bias={"1000": 100})
+  assert chat.choices[0].message.content == detokenize(cluster.s, [1000] * 4)
+  status, err, _ = error_of(cluster.s.http("POST", "/v1/completions", {
+      "model": MODEL_NAME, "prompt": "x", "logit_bias": {"49152": 1}}))
+  assert status == 400 and err["param"] == "logit_bias" and "vocabulary" in err["message"]
+
+
 def test_streaming_equals_whole(cluster, client):
   prompt = corpus_prompt(100, offset=7)
   whole = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10,

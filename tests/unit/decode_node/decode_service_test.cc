@@ -230,6 +230,17 @@ TEST(SamplingFromWireTest, ZerosMeanOffAndBadValuesAreInvalidArgument) {
   p.set_temperature(0);
   p.set_top_logprobs(21);
   EXPECT_EQ(SamplingFromWire(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p.set_top_logprobs(0);
+  for (auto [id, bias] : {std::pair{4, -100.0f}, std::pair{9, 2.5f}}) {
+    v1::TokenBias* b = p.add_logit_bias();
+    b->set_id(id);
+    b->set_bias(bias);
+  }
+  s = SamplingFromWire(p);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->logit_bias, (std::vector<TokenBias>{{4, -100.0f}, {9, 2.5f}}));
+  p.mutable_logit_bias(1)->set_id(4);  // twice
+  EXPECT_EQ(SamplingFromWire(p).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(DecodeServiceTest, TransferredKvGivesTheLocalPrefillsTokens) {

@@ -118,6 +118,32 @@ TEST(OpenAiRequestTest, EveryFieldSet) {
   EXPECT_EQ(r.method.budget_tokens, 64);
 }
 
+TEST(OpenAiRequestTest, LogitBiasIsSortedByTokenId) {
+  auto r = ParseCompletionBody(
+      Body(kChat, {{"logit_bias", {{"50256", -100}, {"7", 2.5}, {"300", 100}}}}), kChat);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<CompletionRequest>(r).sampling.logit_bias,
+            (std::vector<TokenBias>{{7, 2.5f}, {300, 100.0f}, {50256, -100.0f}}));
+  json many = json::object();
+  for (int i = 0; i <= 1024; ++i) many[std::to_string(i)] = 1;
+  auto too_many = ParseCompletionBody(Body(kCmpl, {{"logit_bias", many}}), kCmpl);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(too_many));
+  EXPECT_EQ(std::get<ApiError>(too_many).param, "logit_bias");
+  // The gRPC door: the same checks.
+  tripod::v1::CompletionRequest p;
+  p.set_prompt("x");
+  (*p.mutable_logit_bias())[9] = -5;
+  (*p.mutable_logit_bias())[3] = 1;
+  auto g = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(g)) << std::get<ApiError>(g).message;
+  EXPECT_EQ(std::get<CompletionRequest>(g).sampling.logit_bias,
+            (std::vector<TokenBias>{{3, 1.0f}, {9, -5.0f}}));
+  (*p.mutable_logit_bias())[-1] = 1;
+  auto bad = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "logit_bias");
+}
+
 TEST(OpenAiRequestTest, NullMeansAbsent) {
   json nulls = json::object();
   for (const char* k : {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n",
@@ -346,7 +372,13 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kCmpl, {{"echo", true}}, "echo", "not supported"},
       {kCmpl, {{"echo", "no"}}, "echo", "boolean"},
       {kCmpl, {{"suffix", "tail"}}, "suffix", "not supported"},
-      {kCmpl, {{"logit_bias", {{"50256", -100}}}}, "logit_bias", "not supported"},
+      {kCmpl, {{"logit_bias", {{"50256", -101}}}}, "logit_bias", "[-100, 100]"},
+      {kCmpl, {{"logit_bias", {{"7", "x"}}}}, "logit_bias", "numbers"},
+      {kCmpl, {{"logit_bias", {{"seven", 1}}}}, "logit_bias", "token ids"},
+      {kCmpl, {{"logit_bias", {{"-3", 1}}}}, "logit_bias", "token ids"},
+      {kCmpl, {{"logit_bias", {{"7", 1}, {"07", 2}}}}, "logit_bias", "twice"},
+      {kCmpl, {{"logit_bias", 5}}, "logit_bias", "object"},
+      {kChat, {{"logit_bias", {{"99999999999", 1}}}}, "logit_bias", "token ids"},
       {kChat, {{"tools", {{{"type", "function"}}}}}, "tools", "not supported"},
       {kChat, {{"response_format", {{"type", "json_object"}}}}, "response_format", "text"},
       {kCmpl, {{"user", 1}}, "user", "string"},

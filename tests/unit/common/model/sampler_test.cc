@@ -229,6 +229,39 @@ TEST(SamplerTest, PenaltiesChangeLogitsAsDefined) {
   EXPECT_EQ(sampler.Sample(logits, bad).id, 3);
 }
 
+TEST(SamplerTest, LogitBiasComesFirstAndShowsInTheLogprobs) {
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.top_logprobs = 5;
+  params.logit_bias = {{1, 4.5f}, {3, -100.0f}, {9, 100.0f}};  // 9: past the vocabulary
+  Sampler sampler(params, 5);
+  const SampledToken t = sampler.Sample(logits, {});
+  const std::vector<double> expected = {2.0, 3.5, 0.5, -97.0, 1.0};
+  double lse = 0.0;
+  for (double l : expected) lse += std::exp(l);
+  lse = std::log(lse);
+  EXPECT_EQ(t.id, 1);
+  ASSERT_EQ(t.top.size(), 5u);
+  for (const TokenLogprob& e : t.top) {
+    EXPECT_NEAR(e.logprob, expected[e.id] - lse, 1e-4) << "id " << e.id;
+  }
+  // Then the penalties: the biased token, repeated, is penalised from its biased logit.
+  params.repetition_penalty = 2.0f;
+  Sampler penalised(params, 5);
+  const std::vector<int32_t> history = {1};
+  EXPECT_EQ(penalised.Sample(logits, history).id, 0);  // 3.5 / 2 = 1.75 < 2
+  // +100 on a sampled draw: that token, whatever the seed.
+  SamplingParams draw;
+  draw.temperature = 1.0f;
+  draw.logit_bias = {{2, 100.0f}};
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    draw.seed = seed;
+    Sampler s(draw, 5);
+    EXPECT_EQ(s.Sample(logits, {}).id, 2);
+  }
+}
+
 TEST(SamplerTest, NegativePresencePenaltyEncouragesRepeats) {
   const std::vector<float> logits = {1.0f, 0.0f};
   SamplingParams params;
@@ -334,6 +367,29 @@ TEST(SamplerTest, ValidateRejectsOutOfRangeParameters) {
   EXPECT_THAT(error_of([](SamplingParams& p) { p.frequency_penalty = -3.0f; }),
               HasSubstr("frequency_penalty"));
   EXPECT_THAT(error_of([](SamplingParams& p) { p.top_logprobs = 21; }), HasSubstr("top_logprobs"));
+  EXPECT_THAT(error_of([](SamplingParams& p) {
+                p.logit_bias = {{3, 100.5f}};
+              }),
+              HasSubstr("logit_bias"));
+  EXPECT_THAT(error_of([](SamplingParams& p) {
+                p.logit_bias = {{3, NAN}};
+              }),
+              HasSubstr("logit_bias"));
+  EXPECT_THAT(error_of([](SamplingParams& p) {
+                p.logit_bias = {{-1, 1.0f}};
+              }),
+              HasSubstr("logit_bias"));
+  EXPECT_THAT(error_of([](SamplingParams& p) {
+                p.logit_bias = {{5, 1.0f}, {5, 2.0f}};
+              }),
+              HasSubstr("sorted"));
+  EXPECT_THAT(error_of([](SamplingParams& p) {
+                p.logit_bias.resize(SamplingParams::kMaxLogitBias + 1);
+                for (size_t i = 0; i < p.logit_bias.size(); ++i) {
+                  p.logit_bias[i] = {static_cast<int32_t>(i), 1.0f};
+                }
+              }),
+              HasSubstr("at most"));
   SamplingParams edges;
   edges.temperature = 0.0f;
   edges.top_p = 1.0f;
@@ -341,6 +397,7 @@ TEST(SamplerTest, ValidateRejectsOutOfRangeParameters) {
   edges.presence_penalty = -2.0f;
   edges.frequency_penalty = 2.0f;
   edges.top_logprobs = 20;
+  edges.logit_bias = {{0, -100.0f}, {7, 100.0f}};
   EXPECT_TRUE(edges.Validate().ok());
   SamplingParams bad;
   bad.top_p = 2.0f;
