@@ -36,12 +36,21 @@ struct DecodeEngine::Sequence {
       : req(std::move(r)),
         sampler(req.sampling, vocab),
         decoder(tok, req.continuation),
-        stop(req.stop) {}
+        stop(req.stop) {
+    if (req.min_tokens > 0) {
+      held_back = req.stop_token_ids;
+      if (!req.ignore_eos) {
+        const std::span<const int32_t> eog = tok.end_of_generation_ids();
+        held_back.insert(held_back.end(), eog.begin(), eog.end());
+      }
+    }
+  }
   SchedSeq sched;
   DecodeRequest req;
   Sampler sampler;
   StreamingDecoder decoder;
   StopMatcher stop;
+  std::vector<int32_t> held_back;  // kept out of the draw before min_tokens
   int n_generated = 0;
   double submitted = 0;   // Now() at Submit
   double first_run = -1;  // Now() when first scheduled
@@ -124,6 +133,24 @@ absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
         absl::StrCat("request: the prompt has ", n, " tokens; the context holds ", context_));
   }
   if (r.max_tokens < 1) return absl::InvalidArgumentError("request: max_tokens must be >= 1");
+  if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request: min_tokens ", r.min_tokens, " is not in [0, max_tokens ", r.max_tokens, "]"));
+  }
+  if (r.stop_token_ids.size() > kMaxStopTokenIds) {
+    return absl::InvalidArgumentError(absl::StrCat("request: ", r.stop_token_ids.size(),
+                                                   " stop token ids; at most ", kMaxStopTokenIds));
+  }
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    const int32_t t = r.stop_token_ids[i];
+    if (t < 0 || t >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "request: stop token id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+    }
+    if (i > 0 && t <= r.stop_token_ids[i - 1]) {
+      return absl::InvalidArgumentError("request: stop token ids must be sorted, each once");
+    }
+  }
   RETURN_IF_ERROR(r.sampling.Validate());
   if (r.kv != nullptr) {
     const KvSnapshot& s = *r.kv;
@@ -402,9 +429,24 @@ void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
     ev.finish = FinishReason::kStop;
     return Finish(s, std::move(ev));
   }
+  const bool stop_token =
+      std::binary_search(s.req.stop_token_ids.begin(), s.req.stop_token_ids.end(), st.id);
+  if (stop_token && tokenizer_->token_type(st.id) == TokenType::kControl) {
+    ev.text = s.stop.Push(s.decoder.Flush()).text;  // a control token's text is not output
+    ev.text += s.stop.Flush();
+    ev.finish = FinishReason::kStop;
+    return Finish(s, std::move(ev));
+  }
   StopMatcher::Result r = s.stop.Push(s.decoder.Push(st.id));
   ev.text = std::move(r.text);
   if (r.stopped) {
+    ev.finish = FinishReason::kStop;
+    return Finish(s, std::move(ev));
+  }
+  if (stop_token) {  // its text is out: flush what was held for a character or a stop string
+    r = s.stop.Push(s.decoder.Flush());
+    ev.text += r.text;
+    if (!r.stopped) ev.text += s.stop.Flush();
     ev.finish = FinishReason::kStop;
     return Finish(s, std::move(ev));
   }
@@ -472,9 +514,11 @@ absl::Status DecodeEngine::Step() {
     ParallelFor(static_cast<int64_t>(sampling_.size()), [&](int64_t b, int64_t e) {
       for (int64_t i = b; i < e; ++i) {
         Sequence& s = *sampling_[i].seq;
+        std::span<const int32_t> suppress;
+        if (s.n_generated < s.req.min_tokens) suppress = s.held_back;
         sampling_[i].token =
             s.sampler.Sample(std::span<const float>(logits_.data() + size_t{1} * i * vocab, vocab),
-                             s.sched.tokens, static_cast<size_t>(s.sched.n_prompt));
+                             s.sched.tokens, static_cast<size_t>(s.sched.n_prompt), suppress);
       }
     });
     for (SampledSeq& ss : sampling_) EmitToken(*ss.seq, std::move(ss.token));

@@ -134,6 +134,7 @@ struct DecodeService::Call {
     if (write) {
       reactor->StartWrite(&in_write);
     } else {
+      --service->handlers_;  // before the client can see the end (in_flight, the drain)
       reactor->Finish(status);
     }
   }
@@ -296,7 +297,6 @@ class DecodeService::GenerateReactor final : public grpc::ServerWriteReactor<v1:
   void OnCancel() override { call_->ClientGone(); }
   void OnDone() override {
     call_->MarkRpcDone();
-    --service_.handlers_;
     delete this;
   }
 
@@ -591,6 +591,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   r.stop.assign(req->stop().begin(), req->stop().end());
   r.ignore_eos = req->ignore_eos();
   r.continuation = req->continuation();
+  r.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
+  r.min_tokens = req->min_tokens();
   if (absl::Status v = engine_.Validate(r); !v.ok()) {
     call->Reject(v);
     return reactor;

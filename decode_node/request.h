@@ -45,12 +45,20 @@ struct TokenEvent {
 // engine's Step/RunUntilIdle (Submit and Cancel are fine).
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
+inline constexpr size_t kMaxStopTokenIds = 64;
+
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // token ids, at least one
   SamplingParams sampling;
   int max_tokens = 16;            // generated tokens at most (>= 1)
   std::vector<std::string> stop;  // stop strings, matched on the decoded text
-  bool ignore_eos = false;        // keep going past end-of-generation tokens
+  // Tokens that end the request as a stop (vLLM's stop_token_ids): sorted, each once. The
+  // token's text is part of the output unless it is a control token.
+  std::vector<int32_t> stop_token_ids;
+  // No end-of-generation or stop token before this many tokens (vLLM's min_tokens: they are
+  // kept out of the draw; stop strings still apply).
+  int min_tokens = 0;
+  bool ignore_eos = false;  // keep going past end-of-generation tokens
   // The prompt ends with this request's own earlier output (moved from a decode worker that
   // died): the decoded text continues it (GenerateRequest.continuation).
   bool continuation = false;

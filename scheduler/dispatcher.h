@@ -29,6 +29,8 @@ struct PreparedRequest {
   int max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
+  int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;
   PopChoice pop;
   MethodChoice method;

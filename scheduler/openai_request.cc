@@ -43,6 +43,8 @@ struct RawRequest {
   std::vector<std::string> stop;
   std::optional<uint64_t> seed;
   std::vector<std::pair<int64_t, double>> logit_bias;  // token id, bias; as given
+  std::vector<int64_t> stop_token_ids;                 // as given
+  std::optional<int64_t> min_tokens;
   bool logprobs = false;
   std::optional<int64_t> top_logprobs;
   std::string top_logprobs_param = "logprobs";
@@ -204,6 +206,24 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   req.logprobs = raw.logprobs;
   if (raw.logprobs && raw.top_logprobs) s.top_logprobs = static_cast<int>(*raw.top_logprobs);
   API_RETURN_IF_ERROR(BuildLogitBias(raw.logit_bias, &s.logit_bias));
+  API_RETURN_IF_ERROR(CheckIntRange("min_tokens", raw.min_tokens, 0, kInt32Max));
+  req.min_tokens = static_cast<int>(raw.min_tokens.value_or(0));
+  if (raw.stop_token_ids.size() > static_cast<size_t>(kMaxStopTokenIds)) {
+    return InvalidRequest(absl::StrCat("'stop_token_ids' holds ", raw.stop_token_ids.size(),
+                                       " tokens; at most ", kMaxStopTokenIds, " are allowed"),
+                          "stop_token_ids");
+  }
+  for (int64_t id : raw.stop_token_ids) {
+    if (id < 0 || id > kInt32Max) {
+      return InvalidRequest(
+          absl::StrCat("'stop_token_ids' must hold token ids (integers >= 0), got ", id),
+          "stop_token_ids");
+    }
+    req.stop_token_ids.push_back(static_cast<int32_t>(id));
+  }
+  std::sort(req.stop_token_ids.begin(), req.stop_token_ids.end());
+  req.stop_token_ids.erase(std::unique(req.stop_token_ids.begin(), req.stop_token_ids.end()),
+                           req.stop_token_ids.end());
   // A backstop: the checks above are at least as strict as Validate's.
   if (absl::Status st = s.Validate(); !st.ok()) return InvalidRequest(std::string(st.message()));
 
@@ -319,6 +339,24 @@ std::optional<ApiError> ParseLogitBias(const json& body,
                             "logit_bias");
     }
     out->emplace_back(id, value.get<double>());
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStopTokenIds(const json& body, std::vector<int64_t>* out) {
+  auto it = body.find("stop_token_ids");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_array()) {
+    return InvalidRequest("'stop_token_ids' must be a list of token ids", "stop_token_ids");
+  }
+  for (const json& v : *it) {
+    int64_t id = 0;
+    if (!JsonToInt64(v, &id)) {
+      return InvalidRequest(
+          absl::StrCat("'stop_token_ids' must hold integers, got ", v.dump().substr(0, 32)),
+          "stop_token_ids");
+    }
+    out->push_back(id);
   }
   return std::nullopt;
 }
@@ -454,6 +492,8 @@ std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest*
   API_RETURN_IF_ERROR(ParseStop(body, &raw->stop));
   API_RETURN_IF_ERROR(ParseSeed(body, &raw->seed));
   API_RETURN_IF_ERROR(ParseLogitBias(body, &raw->logit_bias));
+  API_RETURN_IF_ERROR(ParseStopTokenIds(body, &raw->stop_token_ids));
+  API_RETURN_IF_ERROR(GetInt(body, "min_tokens", &raw->min_tokens));
   API_RETURN_IF_ERROR(GetInt(body, "n", &raw->n));
   API_RETURN_IF_ERROR(GetInt(body, "best_of", &raw->best_of));
 
@@ -572,6 +612,8 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
   raw.stop.assign(p.stop().begin(), p.stop().end());
   if (p.has_seed()) raw.seed = p.seed();
   for (const auto& [id, bias] : p.logit_bias()) raw.logit_bias.emplace_back(id, bias);
+  raw.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
+  if (p.has_min_tokens()) raw.min_tokens = p.min_tokens();
   if (p.has_n()) raw.n = p.n();
   if (p.has_logprobs()) {
     raw.logprobs = true;

@@ -21,6 +21,10 @@
 //                      top_logprobs 0..20 (which needs logprobs true)
 //   logit_bias         {"token id": bias in [-100, 100]}, at most 1024 tokens, ids in the
 //                      vocabulary (checked with the model)
+//   stop_token_ids     vLLM's: up to kMaxStopTokenIds ids in the vocabulary; the completion
+//                      stops at any of them (its text kept unless it is a control token)
+//   min_tokens         vLLM's: 0..max_tokens; no end-of-generation or stop token before
+//                      (stop strings still apply)
 //   echo               only false; suffix only empty; tools only empty;
 //                      response_format only {"type":"text"}: we would otherwise silently ignore
 //                      what the client asked for
@@ -43,6 +47,7 @@
 namespace tripod::scheduler {
 
 inline constexpr int kMaxStops = 16;
+inline constexpr int kMaxStopTokenIds = 64;  // the decode worker's bound too (request.h)
 inline constexpr int kMaxStopBytes = 256;
 inline constexpr double kMaxTemperature = 2.0;
 // vLLM takes any value > 0. Beyond these bounds a seen token is as good as banned (or forced)

@@ -405,6 +405,9 @@ void Call::StartGenerate(uint64_t transfer_id, const std::string& route) {
   FillSampling(request_.sampling, g.mutable_sampling());
   g.set_max_tokens(request_.max_tokens - static_cast<int>(generated_.size()));
   for (const std::string& s : request_.stop) g.add_stop(s);
+  g.mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
+                                     request_.stop_token_ids.end());
+  g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
   g.set_ignore_eos(request_.ignore_eos);
   grpc::ClientContext* context;
   {

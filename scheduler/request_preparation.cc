@@ -49,6 +49,13 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   }
   if (std::optional<ApiError> e = RefuseUnreadTooLong(request, served)) return *e;
   const int32_t vocab = served.tokenizer->vocab_size();
+  for (int32_t id : request.stop_token_ids) {
+    if (id >= vocab) {
+      return InvalidRequest(absl::StrCat("'stop_token_ids' names token ", id,
+                                         ", which is not in the vocabulary (", vocab, " tokens)"),
+                            "stop_token_ids");
+    }
+  }
   for (const TokenBias& b : request.sampling.logit_bias) {
     if (b.id >= vocab) {
       return InvalidRequest(absl::StrCat("'logit_bias' names token ", b.id,
@@ -94,6 +101,14 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
     p.sampling.seed = rng();
   }
   p.stop = request.stop;
+  p.stop_token_ids = request.stop_token_ids;
+  if (request.min_tokens > max_tokens) {
+    return InvalidRequest(
+        absl::StrCat("'min_tokens' (", request.min_tokens,
+                     ") must not exceed the completion's maximum of ", max_tokens, " tokens"),
+        "min_tokens");
+  }
+  p.min_tokens = request.min_tokens;
   p.ignore_eos = request.ignore_eos;
   p.pop = request.pop;
   p.method = request.method;

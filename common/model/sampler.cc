@@ -293,7 +293,7 @@ int32_t Sampler::Draw(float max_logit) {
 }
 
 SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
-                             size_t output_start) {
+                             size_t output_start, std::span<const int32_t> suppress) {
   SampledToken out{-1, kNegInf, {}};
   const size_t n = logits.size();
   if (n == 0) return out;
@@ -302,6 +302,9 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
   SanitizeLogits(logits.data(), work_.data(), n);
   for (const TokenBias& b : params_.logit_bias) {
     if (static_cast<size_t>(b.id) < n) work_[b.id] += b.bias;  // -inf stays -inf
+  }
+  for (int32_t id : suppress) {
+    if (id >= 0 && static_cast<size_t>(id) < n) work_[id] = kNegInf;
   }
   ApplyPenalties(history, output_start);
 

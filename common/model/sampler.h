@@ -78,8 +78,10 @@ class Sampler {
   // them to generated tokens; pass the prompt length for that, 0 counts everything).
   // NaN logits count as -inf, +inf as the largest float; if no logit is above -inf every id is
   // equally likely. Empty logits give id -1.
+  // suppress: ids that must not be drawn this time (their logits -inf after the bias; vLLM's
+  // min_tokens keeps the end-of-generation and stop tokens out this way).
   SampledToken Sample(std::span<const float> logits, std::span<const int32_t> history,
-                      size_t output_start = 0);
+                      size_t output_start = 0, std::span<const int32_t> suppress = {});
 
   const SamplingParams& params() const { return params_; }
   int32_t vocab_size() const { return vocab_size_; }

@@ -80,6 +80,7 @@ class Tokenizer {
   int32_t eos_id() const { return eos_id_; }
   bool add_bos() const { return add_bos_; }
   bool IsEndOfGeneration(int32_t id) const;  // eos, eot, eom, <|im_end|>, <|eot_id|>, ...
+  std::span<const int32_t> end_of_generation_ids() const { return end_of_generation_; }
   int32_t vocab_size() const { return static_cast<int32_t>(tokens_.size()); }
   std::optional<int32_t> FindToken(std::string_view piece) const;
   TokenizerKind kind() const { return kind_; }

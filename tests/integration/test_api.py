@@ -95,6 +95,27 @@ def test_logit_bias(cluster, client):
   assert status == 400 and err["param"] == "logit_bias" and "vocabulary" in err["message"]
 
 
+def test_stop_token_ids_and_min_tokens(cluster, client):
+  """vLLM's stop_token_ids end the completion at a token (its text kept), min_tokens holds it
+  back: token 1000 forced by its bias stops at once, or at the fourth token with min_tokens 3."""
+  prompt = corpus_prompt(40, offset=500)
+  for min_tokens, n in ((None, 1), (3, 4)):
+    extra = {"stop_token_ids": [1000], "ignore_eos": True, "tripod": {"pop": "off"}}
+    if min_tokens is not None:
+      extra["min_tokens"] = min_tokens
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=16, temperature=0,
+                                  logit_bias={"1000": 100}, logprobs=0, extra_body=extra)
+    c = r.choices[0]
+    assert c.finish_reason == "stop" and r.usage.completion_tokens == n, r
+    assert c.logprobs.tokens[-1] == detokenize(cluster.s, [1000])
+    assert c.text.endswith(detokenize(cluster.s, [1000]))
+  for body, param in (({"min_tokens": 17, "max_tokens": 16}, "min_tokens"),
+                      ({"stop_token_ids": [49152]}, "stop_token_ids")):
+    status, err, _ = error_of(cluster.s.http("POST", "/v1/completions",
+                                             {"model": MODEL_NAME, "prompt": "x", **body}))
+    assert status == 400 and err["param"] == param, err
+
+
 def test_streaming_equals_whole(cluster, client):
   prompt = corpus_prompt(100, offset=7)
   whole = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10,

@@ -390,6 +390,60 @@ TEST_F(DecodeEngineTest, FinishReasonsStopStringsAndLogprobs) {
   ExpectAllFree(*e);
 }
 
+TEST_F(DecodeEngineTest, StopTokenIdsAndMinTokens) {
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> prompt = RandomPrompt(20, 8);
+  const int32_t x = 1000;  // a plain token, forced by its bias
+  const std::optional<int32_t> im_end = e->tokenizer().FindToken("<|im_end|>");
+  ASSERT_TRUE(im_end.has_value());
+  struct Case {
+    int32_t forced;
+    int min_tokens;
+    size_t n_tokens;       // generated, the stop token included
+    bool text_has_forced;  // the stop token's text is output (a plain token)
+  };
+  for (const Case& c : {Case{x, 0, 1, true}, Case{x, 3, 4, true}, Case{*im_end, 0, 1, false},
+                        Case{*im_end, 5, 6, false}}) {
+    Stream s;
+    DecodeRequest r = Greedy(prompt, 16, &s);
+    r.sampling.logit_bias = {{c.forced, 100.0f}};
+    r.stop_token_ids = {c.forced};
+    r.min_tokens = c.min_tokens;
+    ASSERT_TRUE(e->Submit(std::move(r)).ok());
+    ASSERT_TRUE(e->RunUntilIdle().ok());
+    EXPECT_EQ(s.finish, FinishReason::kStop) << c.forced << " " << c.min_tokens;
+    ASSERT_EQ(s.tokens.size(), c.n_tokens) << c.forced << " " << c.min_tokens;
+    EXPECT_EQ(s.tokens.back(), c.forced);
+    for (size_t i = 0; i + 1 < s.tokens.size(); ++i) EXPECT_NE(s.tokens[i], c.forced);
+    const std::string head = e->tokenizer().Decode(std::span(s.tokens).first(c.n_tokens - 1));
+    EXPECT_EQ(s.text, c.text_has_forced ? e->tokenizer().Decode(s.tokens) : head);
+  }
+  // min_tokens keeps the end of generation out too (ignore_eos off): forced, it comes at 4.
+  Stream eos;
+  DecodeRequest r = Greedy(prompt, 16, &eos);
+  r.ignore_eos = false;
+  r.sampling.logit_bias = {{*im_end, 100.0f}};
+  r.min_tokens = 3;
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(eos.finish, FinishReason::kStop);
+  ASSERT_EQ(eos.tokens.size(), 4u);
+  EXPECT_EQ(eos.tokens.back(), *im_end);
+  // Refused: min_tokens past max_tokens, stop ids unsorted or outside the vocabulary.
+  Stream bad;
+  r = Greedy(prompt, 4, &bad);
+  r.min_tokens = 5;
+  EXPECT_FALSE(e->Submit(std::move(r)).ok());
+  r = Greedy(prompt, 4, &bad);
+  r.stop_token_ids = {9, 3};
+  EXPECT_FALSE(e->Submit(std::move(r)).ok());
+  r = Greedy(prompt, 4, &bad);
+  r.stop_token_ids = {1 << 30};
+  EXPECT_FALSE(e->Submit(std::move(r)).ok());
+  ExpectAllFree(*e);
+}
+
 TEST_F(DecodeEngineTest, AContinuationPicksUpWhereAnotherWorkerStopped) {
   // What the scheduler does when a stream's decode worker dies (request migration): the prompt
   // plus the tokens streamed so far, as a continuation, for the rest of max_tokens. Greedy in

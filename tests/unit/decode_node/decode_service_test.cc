@@ -568,6 +568,8 @@ TEST_F(DecodeServiceTest, WaitingStreamsHoldNoThreads) {
   }
   ASSERT_EQ(w.service->in_flight(), 2 * kStreams);
   const int threads_waiting = ThreadCount();
+  RecordProperty("threads_before", threads_before);
+  RecordProperty("threads_with_calls_waiting", threads_waiting);
   EXPECT_LT(threads_waiting - threads_before, 16)
       << threads_before << " threads before, " << threads_waiting << " with the calls waiting";
   EXPECT_EQ(w.Health().reservations(), kStreams);

@@ -144,11 +144,27 @@ TEST(OpenAiRequestTest, LogitBiasIsSortedByTokenId) {
   EXPECT_EQ(std::get<ApiError>(bad).param, "logit_bias");
 }
 
+TEST(OpenAiRequestTest, StopTokenIdsAndMinTokens) {
+  auto r = ParseCompletionBody(
+      Body(kCmpl, {{"stop_token_ids", {50, 7, 50, 2.0}}, {"min_tokens", 3}}), kCmpl);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  EXPECT_EQ(std::get<CompletionRequest>(r).stop_token_ids, (std::vector<int32_t>{2, 7, 50}));
+  EXPECT_EQ(std::get<CompletionRequest>(r).min_tokens, 3);
+  tripod::v1::CompletionRequest p;
+  p.set_prompt("x");
+  p.add_stop_token_ids(9);
+  p.set_min_tokens(2);
+  auto g = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(g)) << std::get<ApiError>(g).message;
+  EXPECT_EQ(std::get<CompletionRequest>(g).stop_token_ids, (std::vector<int32_t>{9}));
+  EXPECT_EQ(std::get<CompletionRequest>(g).min_tokens, 2);
+}
+
 TEST(OpenAiRequestTest, NullMeansAbsent) {
   json nulls = json::object();
   for (const char* k : {"max_tokens", "temperature", "top_p", "top_k", "stop", "seed", "n",
                         "logprobs", "echo", "user", "stream", "stream_options", "tripod", "suffix",
-                        "logit_bias", "tools", "response_format"}) {
+                        "logit_bias", "tools", "response_format", "stop_token_ids", "min_tokens"}) {
     nulls[k] = nullptr;
   }
   json b = json::parse(Body(kCmpl, json::object()));
@@ -378,6 +394,12 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kCmpl, {{"logit_bias", {{"-3", 1}}}}, "logit_bias", "token ids"},
       {kCmpl, {{"logit_bias", {{"7", 1}, {"07", 2}}}}, "logit_bias", "twice"},
       {kCmpl, {{"logit_bias", 5}}, "logit_bias", "object"},
+      {kCmpl, {{"stop_token_ids", 5}}, "stop_token_ids", "list"},
+      {kCmpl, {{"stop_token_ids", {1, "x"}}}, "stop_token_ids", "integers"},
+      {kCmpl, {{"stop_token_ids", {-1}}}, "stop_token_ids", ">= 0"},
+      {kCmpl, {{"stop_token_ids", json(std::vector<int>(65, 1))}}, "stop_token_ids", "at most"},
+      {kChat, {{"min_tokens", -1}}, "min_tokens", "[0,"},
+      {kChat, {{"min_tokens", "3"}}, "min_tokens", "integer"},
       {kChat, {{"logit_bias", {{"99999999999", 1}}}}, "logit_bias", "token ids"},
       {kChat, {{"tools", {{{"type", "function"}}}}}, "tools", "not supported"},
       {kChat, {{"response_format", {{"type", "json_object"}}}}, "response_format", "text"},

@@ -262,6 +262,24 @@ TEST(SamplerTest, LogitBiasComesFirstAndShowsInTheLogprobs) {
   }
 }
 
+TEST(SamplerTest, SuppressedIdsAreNeverDrawn) {
+  const std::vector<float> logits = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+  SamplingParams params;
+  params.temperature = 0.0f;
+  params.logit_bias = {{1, 100.0f}};
+  Sampler greedy(params, 5);
+  const std::vector<int32_t> held = {1, 3, 7};  // 7: past the vocabulary, ignored
+  EXPECT_EQ(greedy.Sample(logits, {}).id, 1);
+  EXPECT_EQ(greedy.Sample(logits, {}, 0, held).id, 0);
+  params.temperature = 1.5f;
+  for (uint64_t seed = 0; seed < 50; ++seed) {
+    params.seed = seed;
+    Sampler s(params, 5);
+    const int32_t id = s.Sample(logits, {}, 0, held).id;
+    EXPECT_TRUE(id == 0 || id == 2 || id == 4) << id;
+  }
+}
+
 TEST(SamplerTest, NegativePresencePenaltyEncouragesRepeats) {
   const std::vector<float> logits = {1.0f, 0.0f};
   SamplingParams params;
