@@ -155,10 +155,10 @@ struct DecodeService::Call {
   // stops wherever it is, and the call ends CANCELLED without waiting for the engine.
   void ClientGone() ABSL_LOCKS_EXCLUDED(mu) {
     int64_t id = 0;
-    bool waiting = false;
+    bool waiting = false, first = false;
     {
       MutexLock lock(&mu);
-      if (client_gone) return;
+      first = !client_gone;
       client_gone = true;
       queued.clear();
       id = engine_id;
@@ -166,11 +166,13 @@ struct DecodeService::Call {
       if (!finish.has_value())
         finish = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
     }
-    if (id != 0) {
+    if (first && id != 0) {
       engine->Cancel(id);
-    } else if (waiting) {
+    } else if (first && waiting) {
       transfers->Cancel(transfer_id, "the Generate call's client went away");
     }
+    // Also the second time (OnCancel while a write was out, then that write failing): the
+    // call's Finish waits for the write, and only this Pump issues it.
     Pump();
   }
 

@@ -464,6 +464,36 @@ TEST_F(DecodeServiceTest, CancelAndAVanishedClientEndTheRequest) {
   EXPECT_EQ(gone.status.error_code(), grpc::StatusCode::CANCELLED);
   EXPECT_TRUE(w.AwaitAllFree());
 
+  // A client that stops reading (its flow-control window fills, a write stays out) and then
+  // goes: the call still ends, and in_flight drops to 0.
+  {
+    // A fixed 64 KiB window (no BDP probing): ~250-byte messages fill it within 260 tokens.
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 8 << 20);
+    auto stub = v1::Decode::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", w.port), grpc::InsecureChannelCredentials(), args));
+    v1::GenerateRequest big = Greedy(prompt, 1000, 0, 80);
+    big.mutable_sampling()->set_top_logprobs(20);
+    auto ctx = NewClientContext(kCallTimeout);
+    auto reader = stub->Generate(ctx.get(), big);
+    v1::GenerateResponse ev;
+    const int64_t before = w.engine->stats().generated_tokens;
+    ASSERT_TRUE(reader->Read(&ev));
+    const absl::Time until = absl::Now() + absl::Seconds(60);
+    while (w.engine->stats().generated_tokens < before + 400 && absl::Now() < until) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    ctx->TryCancel();
+    while (reader->Read(&ev)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+    const absl::Time gone = absl::Now() + absl::Seconds(30);
+    while (w.service->in_flight() > 0 && absl::Now() < gone) absl::SleepFor(absl::Milliseconds(5));
+    EXPECT_EQ(w.service->in_flight(), 0);
+    EXPECT_TRUE(w.AwaitAllFree());
+  }
+
   // Cancel by request id while Generate still waits for its transfer: one cancelled event, and
   // the reservation goes too.
   {
@@ -511,7 +541,7 @@ TEST_F(DecodeServiceTest, CancelAndAVanishedClientEndTheRequest) {
   EXPECT_FALSE(resp.found());
   const std::string text = w.registry.Exposition();
   EXPECT_NE(
-      text.find("tripod:request_success_total{finish_reason=\"cancelled\",role=\"decode\"} 3"),
+      text.find("tripod:request_success_total{finish_reason=\"cancelled\",role=\"decode\"} 4"),
       std::string::npos)
       << text;
 }
