@@ -17,6 +17,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/deferred_release.h"
 #include "common/rpc/protocol.h"
+#include "common/rpc/worker_server.h"
 #include "common/util/mutex.h"
 #include "decode_node/decode_engine.h"
 #include "decode_node/decode_metrics.h"
@@ -161,7 +162,7 @@ class InProcessWorkersTest : public ::testing::Test {
     grpc::ServerBuilder b;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
     b.RegisterService(service);
-    b.SetMaxReceiveMessageSize(8 << 20);
+    ConfigureWorkerServer(b);  // as the workers' mains: 8 MiB messages, keepalive pings allowed
     auto s = b.BuildAndStart();
     EXPECT_NE(s, nullptr);
     return s;
