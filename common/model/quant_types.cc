@@ -17,6 +17,8 @@ constexpr GgmlTypeInfo kTypes[] = {
     {GgmlType::kF16, "F16", 1, 2},
     {GgmlType::kQ4_0, "Q4_0", 32, static_cast<int>(sizeof(BlockQ4_0))},
     {GgmlType::kQ4_1, "Q4_1", 32, static_cast<int>(sizeof(BlockQ4_1))},
+    {GgmlType::kQ5_0, "Q5_0", 32, static_cast<int>(sizeof(BlockQ5_0))},
+    {GgmlType::kQ5_1, "Q5_1", 32, static_cast<int>(sizeof(BlockQ5_1))},
     {GgmlType::kQ8_0, "Q8_0", 32, static_cast<int>(sizeof(BlockQ8_0))},
     {GgmlType::kQ4_K, "Q4_K", kQkK, static_cast<int>(sizeof(BlockQ4_K))},
     {GgmlType::kQ5_K, "Q5_K", kQkK, static_cast<int>(sizeof(BlockQ5_K))},
@@ -112,6 +114,34 @@ void DequantQ4_1(const uint8_t* src, float* y, int64_t nb) {
     for (int j = 0; j < 16; ++j) {
       y[j] = static_cast<float>(b.qs[j] & 0x0F) * d + m;
       y[j + 16] = static_cast<float>(b.qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+// Q5_0 / Q5_1: the fifth bit of element j is bit j of the little-endian qh word.
+template <bool kMin>
+void DequantQ5(const uint8_t* src, float* y, int64_t nb) {
+  constexpr size_t kBytes = kMin ? sizeof(BlockQ5_1) : sizeof(BlockQ5_0);
+  for (int64_t i = 0; i < nb; ++i, src += kBytes, y += 32) {
+    uint16_t dh, mh = 0;
+    std::memcpy(&dh, src, 2);
+    if (kMin) std::memcpy(&mh, src + 2, 2);
+    const uint8_t* p = src + (kMin ? 4 : 2);
+    uint32_t qh;
+    std::memcpy(&qh, p, 4);
+    const uint8_t* qs = p + 4;
+    const float d = Fp16ToFp32(dh);
+    const float m = Fp16ToFp32(mh);
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (qs[j] & 0x0F) | static_cast<int>(((qh >> j) & 1) << 4);
+      const int hi = (qs[j] >> 4) | static_cast<int>(((qh >> (j + 16)) & 1) << 4);
+      if (kMin) {
+        y[j] = static_cast<float>(lo) * d + m;
+        y[j + 16] = static_cast<float>(hi) * d + m;
+      } else {
+        y[j] = static_cast<float>(lo - 16) * d;
+        y[j + 16] = static_cast<float>(hi - 16) * d;
+      }
     }
   }
 }
@@ -250,6 +280,10 @@ void DequantizeRow(GgmlType type, const void* src, float* dst, int64_t n) {
       return DequantQ4_0(s, dst, n / 32);
     case GgmlType::kQ4_1:
       return DequantQ4_1(s, dst, n / 32);
+    case GgmlType::kQ5_0:
+      return DequantQ5<false>(s, dst, n / 32);
+    case GgmlType::kQ5_1:
+      return DequantQ5<true>(s, dst, n / 32);
     case GgmlType::kQ8_0:
       return DequantQ8_0(s, dst, n / 32);
     case GgmlType::kQ4_K:

@@ -16,6 +16,8 @@ enum class GgmlType : uint32_t {
   kF16 = 1,
   kQ4_0 = 2,
   kQ4_1 = 3,
+  kQ5_0 = 6,
+  kQ5_1 = 7,
   kQ8_0 = 8,
   kQ4_K = 12,
   kQ5_K = 13,
@@ -57,6 +59,16 @@ struct BlockQ4_1 {
   uint16_t m;       // fp16 minimum
   uint8_t qs[16];   // as Q4_0; value = d * q + m
 };
+struct BlockQ5_0 {
+  uint16_t d;      // fp16 scale
+  uint8_t qh[4];   // bit j: the fifth bit of element j (little-endian 32-bit mask)
+  uint8_t qs[16];  // low nibbles as Q4_0; value = d * (q - 16)
+};
+struct BlockQ5_1 {
+  uint16_t d, m;   // fp16 scale and minimum
+  uint8_t qh[4];   // as Q5_0
+  uint8_t qs[16];  // value = d * q + m
+};
 struct BlockQ8_0 {
   uint16_t d;       // fp16 scale
   int8_t qs[32];    // value = d * q
@@ -80,6 +92,7 @@ struct BlockQ6_K {
   uint16_t d;
 };
 static_assert(sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 && sizeof(BlockQ8_0) == 34);
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 
 }  // namespace tripod

@@ -26,10 +26,10 @@ import gguf
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFValueType as VT
 
-TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 # Byte offsets of the fp16 scale fields inside one block, per type.
-FP16_FIELDS = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q4_K: [0, 2], Q.Q5_K: [0, 2],
-               Q.Q6_K: [208]}
+FP16_FIELDS = {Q.Q8_0: [0], Q.Q4_0: [0], Q.Q4_1: [0, 2], Q.Q5_0: [0], Q.Q5_1: [0, 2],
+               Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q6_K: [208]}
 
 failures: list[str] = []
 
