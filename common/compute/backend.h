@@ -64,6 +64,8 @@ class Backend {
   // True if PrepareMatrix copies the tensors' bytes (the caller may then release the file's
   // pages of them).
   virtual bool CopiesWeights() const { return false; }
+  // Whether PrepareMatrix copies this tensor's bytes (some backends copy only some types).
+  virtual bool CopiesTensor(const GgufTensorInfo& tensor) const { return CopiesWeights(); }
   // Like PrepareMatrix, with the input columns of part p scaled: W'[:, j] = W[:, j] *
   // col_scales[p][j] (k floats each), so that a norm weight folds into the matrix. Meant for
   // large-batch GEMMs (POP's stacked K/V projection); a backend may keep it in its GEMM form

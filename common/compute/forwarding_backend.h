@@ -28,6 +28,7 @@ class ForwardingBackend : public Backend {
     return inner_.PrepareVector(tensor);
   }
   bool CopiesWeights() const override { return inner_.CopiesWeights(); }
+  bool CopiesTensor(const GgufTensorInfo& t) const override { return inner_.CopiesTensor(t); }
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareScaledMatrix(
       std::span<const GgufTensorInfo* const> parts,
       std::span<const float* const> col_scales) override {

@@ -124,10 +124,13 @@ absl::Status PrepareModel(LoadedModel& model, Backend& backend) {
   }
 
   // Matrices through PrepareMatrix; their file pages are released at the end where the
-  // backend keeps copies (then only the copies are resident).
+  // backend keeps copies (then only the copies are resident), and shared with every process that
+  // maps the file where it reads them in place.
   std::vector<const GgufTensorInfo*> copied;
   auto prepare = [&](std::span<const GgufTensorInfo* const> parts) {
-    if (backend.CopiesWeights()) copied.insert(copied.end(), parts.begin(), parts.end());
+    for (const GgufTensorInfo* t : parts) {
+      if (backend.CopiesTensor(*t)) copied.push_back(t);
+    }
     return backend.PrepareMatrix(parts);
   };
   std::vector<float> scratch;

@@ -42,6 +42,7 @@ class ProfilingBackend final : public Backend {
     return inner_->PrepareMatrix(parts);
   }
   bool CopiesWeights() const override { return inner_->CopiesWeights(); }
+  bool CopiesTensor(const GgufTensorInfo& t) const override { return inner_->CopiesTensor(t); }
   absl::StatusOr<std::unique_ptr<PreparedVector>> PrepareVector(
       const GgufTensorInfo& tensor) override {
     return inner_->PrepareVector(tensor);

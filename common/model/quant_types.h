@@ -51,13 +51,13 @@ uint16_t Fp32ToBf16(float f);
 
 // Block structs, laid out exactly as in GGUF files.
 struct BlockQ4_0 {
-  uint16_t d;       // fp16 scale
-  uint8_t qs[16];   // 32 nibbles: element j in low nibble of qs[j], element j+16 in high nibble
+  uint16_t d;      // fp16 scale
+  uint8_t qs[16];  // 32 nibbles: element j in low nibble of qs[j], element j+16 in high nibble
 };
 struct BlockQ4_1 {
-  uint16_t d;       // fp16 scale
-  uint16_t m;       // fp16 minimum
-  uint8_t qs[16];   // as Q4_0; value = d * q + m
+  uint16_t d;      // fp16 scale
+  uint16_t m;      // fp16 minimum
+  uint8_t qs[16];  // as Q4_0; value = d * q + m
 };
 struct BlockQ5_0 {
   uint16_t d;      // fp16 scale
@@ -70,12 +70,12 @@ struct BlockQ5_1 {
   uint8_t qs[16];  // value = d * q + m
 };
 struct BlockQ8_0 {
-  uint16_t d;       // fp16 scale
-  int8_t qs[32];    // value = d * q
+  uint16_t d;     // fp16 scale
+  int8_t qs[32];  // value = d * q
 };
 constexpr int kQkK = 256;  // super-block size of the K-quants
 struct BlockQ4_K {
-  uint16_t d, dmin;  // fp16 super-block scales
+  uint16_t d, dmin;    // fp16 super-block scales
   uint8_t scales[12];  // 8 sub-block scales and mins, 6 bits each, packed
   uint8_t qs[128];
 };

@@ -25,6 +25,10 @@ namespace {
 
 #define TRIPOD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
+// Weight rows per StreamedGemm tile, in bytes of the GEMM's input type: the tile stays in L2 while
+// oneDNN sweeps x over it.
+constexpr int64_t kStreamTileBytes = 1 << 20;
+
 class CpuMatrix final : public PreparedMatrix {
  public:
   std::vector<QuantPart> parts;  // stacked along n: part p is output rows [col, col + q.n)
@@ -39,7 +43,8 @@ class CpuMatrix final : public PreparedMatrix {
   mutable std::unique_ptr<DnnlLinear> gemm;  // prepacked on first large-batch use
   mutable absl::Status gemm_status;
   // Scaled matrices exist only in GEMM form: small batches use the GEMM too, and the GGUF bytes
-  // are not read after preparation.
+  // are not read after preparation. The others are multiplied from their quantised bytes at every
+  // batch size (large batches: StreamedGemm, a tile of rows dequantised at a time).
   bool gemm_only = false;
 
   int64_t n() const override { return n_; }
@@ -164,7 +169,54 @@ int64_t RowGrain(int64_t row_floats) { return std::max<int64_t>(1, 16384 / (row_
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuBackendOptions& o)
-      : opts_(o), arena_(std::make_shared<HugePageArena>()) {}
+      : opts_(o), arena_(std::make_shared<HugePageArena>()) {
+    auto g = DnnlPlainGemm::Create(o.gemm);
+    if (!g.ok() && o.gemm == GemmPrecision::kBF16) g = DnnlPlainGemm::Create(GemmPrecision::kF32);
+    if (g.ok()) plain_gemm_ = std::move(g).value();
+  }
+
+  // y = x W^T for a large batch from W's quantised bytes: kStreamTileBytes of W's rows at a time
+  // are dequantised (by the vector dequantisers, on the compute threads) into a tile in the GEMM's
+  // input type, which oneDNN multiplies from its plain layout. No wider copy of W is kept; a tile
+  // is reused for all m rows of x, so the dequantisation costs 1 / m of the GEMM's work per weight.
+  void StreamedGemm(const CpuMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy) {
+    const int64_t n = w.n_, k = w.k_;
+    const bool bf16 = plain_gemm_->precision() == GemmPrecision::kBF16;
+    const void* src = x;
+    int64_t ld_src = ldx;
+    if (bf16) {
+      xb_.resize(static_cast<size_t>(m) * k);
+      ConvertRowsCpu(x, m, ldx, static_cast<int>(k), KvDtype::kBF16,
+                     reinterpret_cast<uint8_t*>(xb_.data()), k * 2);
+      src = xb_.data();
+      ld_src = k;
+    }
+    const int64_t elem = bf16 ? 2 : 4;
+    const int64_t nt = std::clamp<int64_t>(kStreamTileBytes / (k * elem) / 16 * 16, 16, n);
+    tile_f32_.resize(static_cast<size_t>(nt) * k);
+    if (bf16) tile_bf16_.resize(static_cast<size_t>(nt) * k);
+    for (int64_t j0 = 0; j0 < n; j0 += nt) {
+      const int64_t rows = std::min(nt, n - j0);
+      ParallelFor(
+          rows,
+          [&](int64_t r0, int64_t r1) {
+            for (int64_t r = r0; r < r1; ++r) {
+              const int64_t j = j0 + r;
+              size_t p = 0;
+              while (p + 1 < w.parts.size() && j >= w.parts[p + 1].col) ++p;
+              DequantizeMatrixRow(w.parts[p].q, j - w.parts[p].col, tile_f32_.data() + r * k);
+            }
+          },
+          4);
+      const void* tile = tile_f32_.data();
+      if (bf16) {
+        ConvertRowsCpu(tile_f32_.data(), rows, k, static_cast<int>(k), KvDtype::kBF16,
+                       reinterpret_cast<uint8_t*>(tile_bf16_.data()), k * 2);
+        tile = tile_bf16_.data();
+      }
+      plain_gemm_->Run(src, m, ld_src, tile, rows, k, k, y + j0, ldy);
+    }
+  }
 
   std::string name() const override {
     std::string few;
@@ -198,25 +250,29 @@ class CpuBackend final : public Backend {
     auto& cm = static_cast<CpuMatrix&>(*m);
     // The GEMVs stream these bytes every decode step: copy them onto huge pages (see
     // huge_pages.h for why and by how much).
+    // Q4_0, Q4_1 and Q8_0 are copied with their rows interleaved in the kernels' row groups, so
+    // a decode GEMV reads one stream per thread (quant_gemv.h: 7 % faster decode pass on Zen 4).
+    // The other types are read in place from the file's mapping, whose pages the workers of one
+    // host share (the K-quant kernels read the GGUF layout).
     for (QuantPart& p : cm.parts) {
+      if (!CanInterleave(p.q)) continue;
       const size_t bytes = static_cast<size_t>(p.q.row_bytes) * p.q.n;
       ASSIGN_OR_RETURN(uint8_t * copy, arena_->Allocate(bytes));
-      // Block types are copied with their rows interleaved in the kernels' row groups, so a
-      // decode GEMV reads one stream per thread (quant_gemv.h: 7 % faster decode pass on Zen 4).
-      if (CanInterleave(p.q)) {
-        InterleaveRows(p.q, copy);
-        p.q.interleave = kInterleaveRows;
-      } else {
-        std::memcpy(copy, p.q.data, bytes);
-      }
+      InterleaveRows(p.q, copy);
+      p.q.interleave = kInterleaveRows;
       p.q.data = copy;
+      cm.arena = arena_;
     }
-    cm.arena = arena_;
-    if (opts_.prepack_at_load) RETURN_IF_ERROR(cm.EnsureGemm());
+    if (opts_.prepack_at_load && plain_gemm_ == nullptr) RETURN_IF_ERROR(cm.EnsureGemm());
     return m;
   }
 
   bool CopiesWeights() const override { return true; }
+  bool CopiesTensor(const GgufTensorInfo& t) const override {
+    const QuantMatrix q{t.type, t.data, t.rows(), t.cols(),
+                        static_cast<int64_t>(RowBytes(t.type, t.cols()).value_or(0))};
+    return t.dims.size() == 2 && CanInterleave(q);
+  }
 
   // The parts bound as quantised blocks, the GEMM form not yet built.
   absl::StatusOr<std::unique_ptr<PreparedMatrix>> PrepareUnpacked(
@@ -318,7 +374,11 @@ class CpuBackend final : public Backend {
       dst = tmp_.data();
       ldd = w.n_;
     }
-    w.Gemm().Run(x, m, ldx, dst, ldd);
+    if (w.gemm_only || plain_gemm_ == nullptr) {
+      w.Gemm().Run(x, m, ldx, dst, ldd);
+    } else {
+      StreamedGemm(w, x, m, ldx, dst, ldd);
+    }
     if (accumulate) {
       ParallelFor(
           m,
@@ -400,6 +460,11 @@ class CpuBackend final : public Backend {
   std::shared_ptr<HugePageArena> arena_;  // PrepareMatrix's weight copies
   std::vector<float> tmp_;  // Linear's accumulate scratch: one forward at a time per backend
   std::vector<AttentionArgs> invariant_args_;  // Attention's copy of the args (batch_invariant)
+  // StreamedGemm: the plain-weights GEMM (null where oneDNN has none: prepacked copies then), x in
+  // bf16, and the weight tile (fp32, and bf16 for a bf16 GEMM). One forward at a time.
+  std::unique_ptr<DnnlPlainGemm> plain_gemm_;
+  std::vector<uint16_t> xb_, tile_bf16_;
+  std::vector<float> tile_f32_;
 };
 
 }  // namespace

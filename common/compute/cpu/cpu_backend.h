@@ -18,8 +18,11 @@ struct CpuBackendOptions {
   // 0, or the row count from which QuantGemm runs kF32Tile instead of gemv (Q4_0/Q4_1/Q8_0).
   int gemv_tile_min_rows = 0;
   KvDtype kv = KvDtype::kF32;  // what callers should store K/V as
-  // Prepack GEMM weights when a matrix is prepared, rather than on its first large batch, so
-  // that the first prompt does not pay for it.
+  // Where oneDNN has no plain-weights GEMM (so large batches multiply a prepacked fp32 / bf16 copy
+  // of each matrix): build the copy when the matrix is prepared, rather than on its first large
+  // batch, so that the first prompt does not pay for it. Elsewhere no such copy exists (large
+  // batches stream dequantised tiles; see cpu_backend.cc) and this only concerns scaled matrices,
+  // which are always prepacked.
   bool prepack_at_load = true;
   // Every row's result independent of the batch it is in (fp32 exactness under continuous
   // batching): Linear runs every row through the GEMV kernels, whose per-row arithmetic does not

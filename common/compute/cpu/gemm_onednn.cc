@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <list>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -151,6 +152,84 @@ void DnnlLinear::Run(const float* x, int64_t m, int64_t ldx, float* y, int64_t l
     std::fprintf(stderr, "DnnlLinear::Run(m=%lld, n=%lld, k=%lld): oneDNN error: %s\n",
                  static_cast<long long>(m), static_cast<long long>(im.n),
                  static_cast<long long>(im.k), e.what());
+    std::abort();
+  }
+}
+
+struct DnnlPlainGemm::Impl {
+  GemmPrecision precision = GemmPrecision::kF32;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  struct Shape {
+    int64_t m, n, k, ldx, ldw, ldy;
+    bool operator==(const Shape&) const = default;
+  };
+  struct Prim {
+    Shape shape;
+    dnnl::matmul prim;
+    dnnl::memory::desc src_md, wei_md, dst_md;
+  };
+  mutable std::mutex mu;
+  mutable std::list<std::shared_ptr<const Prim>> cache;  // most recently used first
+
+  dt type() const { return precision == GemmPrecision::kBF16 ? dt::bf16 : dt::f32; }
+  std::shared_ptr<const Prim> Get(const Shape& s) const {
+    std::lock_guard<std::mutex> lock(mu);
+    for (auto it = cache.begin(); it != cache.end(); ++it) {
+      if ((*it)->shape == s) {
+        cache.splice(cache.begin(), cache, it);
+        return cache.front();
+      }
+    }
+    // W [n, k] row-major is oneDNN's K x N weights with strides {1, ldw}.
+    dnnl::memory::desc src_md({s.m, s.k}, type(), dims{s.ldx, 1});
+    dnnl::memory::desc wei_md({s.k, s.n}, type(), dims{1, s.ldw});
+    dnnl::memory::desc dst_md({s.m, s.n}, dt::f32, dims{s.ldy, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), engine);
+    cache.push_front(
+        std::make_shared<const Prim>(Prim{s, dnnl::matmul(pd), src_md, wei_md, dst_md}));
+    if (cache.size() > 4 * kMaxCached) cache.pop_back();
+    return cache.front();
+  }
+};
+
+absl::StatusOr<std::unique_ptr<DnnlPlainGemm>> DnnlPlainGemm::Create(GemmPrecision precision) {
+  auto impl = std::make_unique<Impl>();
+  impl->precision = precision;
+  try {
+    dnnl::memory::desc src_md({kLayoutM, 256}, impl->type(), dims{256, 1});
+    dnnl::memory::desc wei_md({256, 256}, impl->type(), dims{1, 256});
+    dnnl::memory::desc dst_md({kLayoutM, 256}, dt::f32, dims{256, 1});
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), impl->engine);
+    const std::string name = pd.impl_info_str();
+    if (name.rfind("ref", 0) == 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "DnnlPlainGemm: oneDNN has no fast matmul of this precision here (picked ", name, ")"));
+    }
+  } catch (const dnnl::error& e) {
+    return absl::UnimplementedError(absl::StrCat("DnnlPlainGemm: oneDNN error: ", e.what()));
+  }
+  return std::unique_ptr<DnnlPlainGemm>(new DnnlPlainGemm(std::move(impl)));
+}
+
+DnnlPlainGemm::DnnlPlainGemm(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DnnlPlainGemm::~DnnlPlainGemm() = default;
+GemmPrecision DnnlPlainGemm::precision() const { return impl_->precision; }
+
+void DnnlPlainGemm::Run(const void* x, int64_t m, int64_t ldx, const void* w, int64_t n, int64_t k,
+                        int64_t ldw, float* y, int64_t ldy) const {
+  if (m <= 0 || n <= 0) return;
+  try {
+    const std::shared_ptr<const Impl::Prim> p = impl_->Get({m, n, k, ldx, ldw, ldy});
+    dnnl::stream stream(impl_->engine);
+    dnnl::memory src(p->src_md, impl_->engine, const_cast<void*>(x));
+    dnnl::memory wei(p->wei_md, impl_->engine, const_cast<void*>(w));
+    dnnl::memory dst(p->dst_md, impl_->engine, y);
+    p->prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    std::fprintf(stderr, "DnnlPlainGemm::Run(m=%lld, n=%lld, k=%lld): oneDNN error: %s\n",
+                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+                 e.what());
     std::abort();
   }
 }

@@ -30,4 +30,22 @@ class DnnlLinear {
   std::unique_ptr<Impl> impl_;
 };
 
+// y[m, n] = x[m, k] * W[n, k]^T with W handed over at each call in plain row-major form (a tile of
+// a larger matrix, dequantised just before; nothing prepacked or kept). x and W are bf16 (uint16
+// bits) for kBF16, fp32 for kF32; y is fp32. Primitives are cached per shape. Thread-safe.
+class DnnlPlainGemm {
+ public:
+  // Unimplemented where oneDNN has no fast matmul of that precision on this CPU.
+  static absl::StatusOr<std::unique_ptr<DnnlPlainGemm>> Create(GemmPrecision precision);
+  ~DnnlPlainGemm();
+  void Run(const void* x, int64_t m, int64_t ldx, const void* w, int64_t n, int64_t k, int64_t ldw,
+           float* y, int64_t ldy) const;
+  GemmPrecision precision() const;
+
+ private:
+  struct Impl;
+  explicit DnnlPlainGemm(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 }  // namespace tripod

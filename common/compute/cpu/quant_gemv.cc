@@ -219,6 +219,90 @@ bool RowsIntRef(const QuantMatrix& w, const Q* q, const float* scale, const floa
   return true;
 }
 
+// x block s (32 elements; s counts from the row's start) of a K-quant, Q5_0 or Q5_1 row as
+// integers: element l is d * w[l] + mn (Q6_K: w = (q - 32) * the 16-element scale). The vector
+// kernels' decomposition, written out from the GGML layouts (quant_types.h).
+void IntBlockOf(GgmlType t, const uint8_t* row, int64_t s, int32_t* w, float* d, float* mn) {
+  const int j = static_cast<int>(s % 8);
+  switch (t) {
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K: {
+      const bool five = t == GgmlType::kQ5_K;
+      const uint8_t* blk = row + (s / 8) * (five ? 176 : 144);
+      const uint8_t* sc12 = blk + 4;
+      int sc, m;
+      if (j < 4) {
+        sc = sc12[j] & 63;
+        m = sc12[j + 4] & 63;
+      } else {
+        sc = (sc12[j + 4] & 0xF) | ((sc12[j - 4] >> 6) << 4);
+        m = (sc12[j + 4] >> 4) | ((sc12[j] >> 6) << 4);
+      }
+      *d = HalfBits(blk) * static_cast<float>(sc);
+      *mn = -(HalfBits(blk + 2) * static_cast<float>(m));
+      const uint8_t* qs = blk + (five ? 48 : 16) + 32 * (j / 2);
+      for (int l = 0; l < 32; ++l) {
+        w[l] = (j & 1) ? qs[l] >> 4 : qs[l] & 0xF;
+        if (five) w[l] |= ((blk[16 + l] >> j) & 1) << 4;
+      }
+      return;
+    }
+    case GgmlType::kQ6_K: {
+      const uint8_t* blk = row + (s / 8) * 210;
+      const int n = j / 4, q = j % 4;
+      const uint8_t* ql = blk + 64 * n + 32 * (q & 1);
+      const uint8_t* qh = blk + 128 + 32 * n;
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + 192 + 8 * n + 2 * q);
+      for (int l = 0; l < 32; ++l) {
+        const int lo = (q >> 1) ? ql[l] >> 4 : ql[l] & 0xF;
+        w[l] = ((lo | (((qh[l] >> (2 * q)) & 3) << 4)) - 32) * sc[l / 16];
+      }
+      *d = HalfBits(blk + 208);
+      *mn = 0.0f;
+      return;
+    }
+    default: {  // Q5_0, Q5_1
+      const bool q51 = t == GgmlType::kQ5_1;
+      const uint8_t* blk = row + s * (q51 ? 24 : 22);
+      uint32_t qh;
+      std::memcpy(&qh, blk + (q51 ? 4 : 2), 4);
+      const uint8_t* qs = blk + (q51 ? 8 : 6);
+      for (int l = 0; l < 32; ++l) {
+        const int nib = l < 16 ? qs[l] & 0xF : qs[l - 16] >> 4;
+        w[l] = nib | static_cast<int>(((qh >> l) & 1) << 4);
+      }
+      *d = HalfBits(blk);
+      *mn = q51 ? HalfBits(blk + 2) : *d * -16.0f;
+      return;
+    }
+  }
+}
+
+// The int16 reference for those types: per x block the exact integer dot with x's int16 values
+// times d * d_x, plus mn times x's exact fp32 block sum.
+bool RowsInt16KRef(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
+                   int64_t j1) {
+  if (!IsIntBlockType(w.type) || w.interleave != 1) return false;
+  int32_t wi[32];
+  for (int64_t j = j0; j < j1; ++j) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * w.row_bytes;
+    for (int i = 0; i < xa.m; ++i) {
+      float s = 0.0f;
+      for (int64_t b = 0; b < xa.nb; ++b) {
+        float d, mn;
+        IntBlockOf(w.type, row, b, wi, &d, &mn);
+        const int16_t* xb = xa.q + i * xa.k + b * 32;
+        int64_t dot = 0;
+        for (int t = 0; t < 32; ++t) dot += int64_t{wi[t]} * xb[t];
+        s += d * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
+        s += mn * xa.bsum[i * xa.nb + b];
+      }
+      y[i * ldy + j] = s;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
@@ -228,7 +312,8 @@ bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, in
 
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  return RowsIntRef(w, xa.q, xa.scale, xa.bsum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
+  return RowsInt16KRef(w, xa, y, ldy, j0, j1) ||
+         RowsIntRef(w, xa.q, xa.scale, xa.bsum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
 }
 
 }  // namespace scalar
@@ -305,10 +390,11 @@ void CopyRowOut(const QuantMatrix& w, int64_t j, uint8_t* out) {
 
 namespace {
 
-// Types with vector kernels; the others (K-quants) take the scalar dequantise-a-row path.
+// Types with vector fp32 kernels (all the supported ones).
 bool HasVectorKernel(GgmlType t) {
   return t == GgmlType::kF32 || t == GgmlType::kF16 || t == GgmlType::kBF16 ||
-         t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0;
+         t == GgmlType::kQ4_0 || t == GgmlType::kQ4_1 || t == GgmlType::kQ8_0 ||
+         qgemv::IsIntBlockType(t);
 }
 
 int BlockElems(GgmlType t) {
@@ -327,6 +413,15 @@ int BlockElems(GgmlType t) {
 }
 
 }  // namespace
+
+void DequantizeMatrixRow(const QuantMatrix& w, int64_t j, float* out) {
+  const IsaLevel isa = ActiveIsa();
+  if (isa >= IsaLevel::kAvx512 && qgemv::avx512::DequantRow(w, j, out)) return;
+  if (isa >= IsaLevel::kAvx2 && qgemv::avx2::DequantRow(w, j, out)) return;
+  thread_local std::vector<uint8_t> row;
+  row.resize(w.row_bytes);
+  DequantizeRow(w.type, GgufRow(w, j, row.data()), out, w.k);
+}
 
 const char* GemvModeName(GemvMode mode) {
   switch (mode) {
@@ -386,6 +481,8 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     const bool block_type =
         w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0;
     const bool q4 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1;
+    // K-quants, Q5_0 and Q5_1 have int16 kernels only: every reduced mode takes them.
+    const bool int_block = qgemv::IsIntBlockType(w.type);
     // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both kF32.
     if (mode == GemvMode::kBf16 && m >= kBf16MinRows && block_type && isa >= IsaLevel::kAvx512 &&
         GetCpuFeatures().avx512bf16) {
@@ -397,10 +494,10 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     } else if (mode == GemvMode::kF32Tile && block_type && isa >= IsaLevel::kAvx2) {
       path[p] = Path::kF32Tile;
       need_tile = true;
-    } else if (mode == GemvMode::kInt16 && block_type) {
+    } else if ((mode == GemvMode::kInt16 && block_type) || (mode != GemvMode::kF32 && int_block)) {
       path[p] = Path::kInt16;
       need_int16 = true;
-      need_bsum |= q4;
+      need_bsum |= q4 || int_block;
     } else {
       path[p] = Path::kF32;
       need_bsum |= q4 && isa >= IsaLevel::kAvx2;

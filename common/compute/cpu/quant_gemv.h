@@ -81,6 +81,10 @@ void CopyRowOut(const QuantMatrix& w, int64_t j, uint8_t* out);
 // Row j of w in GGUF layout: in place for the GGUF layout, else copied into buf (row_bytes).
 const uint8_t* GgufRow(const QuantMatrix& w, int64_t j, uint8_t* buf);
 
+// Row j of w as k fp32 values (a prefill GEMM's weight tile), with the vector code where the CPU
+// and the type have it, else the reference dequantiser; equal to DequantizeRow's up to rounding.
+void DequantizeMatrixRow(const QuantMatrix& w, int64_t j, float* out);
+
 // y[i, j] = sum_t x[i, t] * W[j, t] for i < m, j < n. x rows are ldx floats apart, y rows ldy.
 // Threads over n with ParallelFor. m is small (1..16); for larger m use the GEMM path.
 void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* y, int64_t ldy,

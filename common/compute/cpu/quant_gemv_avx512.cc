@@ -23,6 +23,7 @@ struct Isa {
 }  // namespace tripod::qgemv
 
 #include "common/compute/cpu/quant_gemv_kernels.h"
+#include "common/compute/cpu/quant_gemv_kquant_kernels.h"
 
 namespace tripod::qgemv::avx512 {
 
@@ -46,7 +47,7 @@ void BlockSums(const float* x, int m, int64_t ldx, int64_t k, float* sums) {
 
 bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int64_t j0,
              int64_t j1) {
-  return RowsF32Impl<Isa>(w, xa, y, ldy, j0, j1);
+  return RowsF32Impl<Isa>(w, xa, y, ldy, j0, j1) || RowsF32KImpl(w, xa, y, ldy, j0, j1);
 }
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
@@ -60,7 +61,10 @@ void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q,
 
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  return RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
+  return RowsInt16KImpl<Isa>(w, xa, y, ldy, j0, j1) ||
+         RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
 }
+
+bool DequantRow(const QuantMatrix& w, int64_t j, float* out) { return DequantRowImpl(w, j, out); }
 
 }  // namespace tripod::qgemv::avx512

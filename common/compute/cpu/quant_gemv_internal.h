@@ -84,6 +84,9 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
                int64_t j1);
 }  // namespace scalar
 namespace avx2 {
+// Row j of w as k fp32 values (the prefill GEMM's weight tiles): K-quants, Q5_0, Q5_1, Q4_0, Q4_1
+// and Q8_0 (false for other types); values as DequantizeRow's, up to rounding.
+bool DequantRow(const QuantMatrix& w, int64_t j, float* out);
 // The fp32 tile path: x transposed into F32TileAct's layout (ceil(m / 16) * 16 * k floats, k a
 // multiple of 8), and output rows [j0, j1) for Q4_0, Q4_1 and Q8_0 (false for other types).
 void TransposeAct(const float* x, int m, int64_t ldx, int64_t k, float* xt);
@@ -100,6 +103,9 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
                int64_t j1);
 }  // namespace avx2
 namespace avx512 {
+// Row j of w as k fp32 values (the prefill GEMM's weight tiles): K-quants, Q5_0, Q5_1, Q4_0, Q4_1
+// and Q8_0 (false for other types); values as DequantizeRow's, up to rounding.
+bool DequantRow(const QuantMatrix& w, int64_t j, float* out);
 // The fp32 tile path: x transposed into F32TileAct's layout (ceil(m / 16) * 16 * k floats, k a
 // multiple of 8), and output rows [j0, j1) for Q4_0, Q4_1 and Q8_0 (false for other types).
 void TransposeAct(const float* x, int m, int64_t ldx, int64_t k, float* xt);
@@ -121,6 +127,13 @@ void ConvertActBf16(const float* x, int m, int64_t ldx, int64_t k, uint16_t* out
 bool RowsBf16(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
 }  // namespace avx512
+
+// The types whose kernels take x blocks as integers with a scale and a minimum term each: the
+// K-quants, Q5_0 and Q5_1 (int16 mode only, GGUF layout).
+constexpr bool IsIntBlockType(GgmlType t) {
+  return t == GgmlType::kQ4_K || t == GgmlType::kQ5_K || t == GgmlType::kQ6_K ||
+         t == GgmlType::kQ5_0 || t == GgmlType::kQ5_1;
+}
 
 // Output rows per kernel work unit: ParallelFor chunks are multiples of this so that the
 // kernels' row groups are never split between threads.

@@ -675,7 +675,8 @@ inline constexpr int kTileCols = 16;  // x rows per group of the transposed acti
 inline constexpr int kTileRun = kIlRun * 32;  // weight elements dequantised per step
 
 // One weight row's run of cnt blocks from block b0 as fp32 values d * q + m (Q4_0: d * (q - 8),
-// Q8_0: d * q), out[0 .. 32 * cnt). row0, rs, r0: as RowScales8's, for kernel row 0.
+// Q8_0: d * q), out[0 .. 32 * cnt) (any alignment). row0, rs, r0: as RowScales8's, for kernel
+// row 0.
 template <GgmlType T, int IL>
 inline void DequantRun(const uint8_t* row0, int64_t rs, int r0, int64_t nb, int64_t b0, int cnt,
                        float* out) {
@@ -696,7 +697,7 @@ inline void DequantRun(const uint8_t* row0, int64_t rs, int r0, int64_t nb, int6
       for (int p = 0; p < 4; ++p) {
         const __m256 q = _mm256_cvtepi32_ps(
             _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * p))));
-        _mm256_store_ps(o + 8 * p, _mm256_mul_ps(q, dj));
+        _mm256_storeu_ps(o + 8 * p, _mm256_mul_ps(q, dj));
       }
     } else {
       const __m256 mj = _mm256_broadcast_ss(&ms[j]);
@@ -708,7 +709,7 @@ inline void DequantRun(const uint8_t* row0, int64_t rs, int r0, int64_t nb, int6
                             _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
 #pragma GCC unroll 4
       for (int p = 0; p < 4; ++p) {
-        _mm256_store_ps(o + 8 * p, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[p]), dj, mj));
+        _mm256_storeu_ps(o + 8 * p, _mm256_fmadd_ps(_mm256_cvtepi32_ps(q[p]), dj, mj));
       }
     }
   }

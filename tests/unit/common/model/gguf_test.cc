@@ -363,8 +363,8 @@ std::vector<Corruption> Corruptions() {
          w.tensors.pop_back();  // keep only the tensor at offset 0, which is aligned
        },
        "beyond the end of the file"},
-      {"unsupported tensor type", [](GgufWriter& w) { w.tensors[0].type = 6; },
-       "tensor 'tok' (index 0): unsupported tensor type Q5_0 (id 6)"},
+      {"unsupported tensor type", [](GgufWriter& w) { w.tensors[0].type = 10; },
+       "tensor 'tok' (index 0): unsupported tensor type Q2_K (id 10)"},
       {"unknown tensor type", [](GgufWriter& w) { w.tensors[1].type = 99; },
        "tensor 'norm' (index 1): unknown tensor type id 99"},
       {"zero dims", [](GgufWriter& w) { w.tensors[1].dims = {}; }, "0 dimensions"},

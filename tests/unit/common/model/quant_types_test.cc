@@ -123,9 +123,13 @@ TEST(QuantTypesTest, TypeTableAndRowBytes) {
   ASSERT_TRUE(LookupGgmlType(14).ok());
   EXPECT_EQ(LookupGgmlType(14)->type, GgmlType::kQ6_K);
   EXPECT_EQ(LookupGgmlType(30)->type, GgmlType::kBF16);
-  auto q50 = LookupGgmlType(6);
-  ASSERT_FALSE(q50.ok());
-  EXPECT_NE(q50.status().message().find("Q5_0"), std::string::npos) << q50.status();
+  EXPECT_EQ(LookupGgmlType(6)->type, GgmlType::kQ5_0);
+  EXPECT_EQ(LookupGgmlType(7)->type, GgmlType::kQ5_1);
+  EXPECT_EQ(*RowBytes(GgmlType::kQ5_0, 896), 616u);
+  EXPECT_EQ(*RowBytes(GgmlType::kQ5_1, 64), 48u);
+  auto q2k = LookupGgmlType(10);
+  ASSERT_FALSE(q2k.ok());
+  EXPECT_NE(q2k.status().message().find("Q2_K"), std::string::npos) << q2k.status();
   EXPECT_FALSE(LookupGgmlType(4).ok());
   EXPECT_FALSE(LookupGgmlType(1000).ok());
 }

@@ -67,8 +67,12 @@ TestMatrix MakeMatrix(GgmlType type, int64_t n, int64_t k, std::mt19937& rng) {
           PutHalf(blk, 0.01f + 0.05f * std::fabs(u(rng)));
           break;
         case GgmlType::kQ4_1:
+        case GgmlType::kQ5_1:
           PutHalf(blk, 0.01f + 0.05f * std::fabs(u(rng)));
           PutHalf(blk + 2, 0.3f * u(rng));
+          break;
+        case GgmlType::kQ5_0:
+          PutHalf(blk, 0.01f + 0.05f * std::fabs(u(rng)));
           break;
         case GgmlType::kQ4_K:
         case GgmlType::kQ5_K:
@@ -107,8 +111,11 @@ void CheckAll(const Case& c, GemvMode mode) {
     // d_x = amax / 127 or amax / 32767.
     const bool block_type =
         c.type == GgmlType::kQ4_0 || c.type == GgmlType::kQ4_1 || c.type == GgmlType::kQ8_0;
+    // K-quants, Q5_0 and Q5_1 take the int16 kernels in every reduced mode.
+    const bool int_block = qgemv::IsIntBlockType(c.type);
     const bool int8 = mode == GemvMode::kInt8 && block_type;
-    const bool int16 = mode == GemvMode::kInt16 && block_type;
+    const bool int16 =
+        (mode == GemvMode::kInt16 && block_type) || (mode != GemvMode::kF32 && int_block);
     const double levels = int8 ? 127.0 : 32767.0;
     std::vector<float> scalar_y, avx2_y;
     std::vector<double> mags(m * ldy, 0.0);
@@ -170,7 +177,9 @@ const Case kCases[] = {
     {GgmlType::kQ4_0, 13, 1536}, {GgmlType::kQ8_0, 11, 2080}, {GgmlType::kF32, 17, 37},
     {GgmlType::kF32, 40, 576},   {GgmlType::kF16, 33, 100},   {GgmlType::kBF16, 19, 71},
     {GgmlType::kF16, 8, 5},      {GgmlType::kQ4_K, 9, 512},   {GgmlType::kQ5_K, 4, 256},
-    {GgmlType::kQ6_K, 6, 256},
+    {GgmlType::kQ6_K, 6, 256},   {GgmlType::kQ5_0, 37, 64},   {GgmlType::kQ5_0, 13, 896},
+    {GgmlType::kQ5_1, 9, 288},   {GgmlType::kQ5_1, 4, 32},    {GgmlType::kQ4_K, 13, 1536},
+    {GgmlType::kQ6_K, 11, 2304}, {GgmlType::kQ5_K, 7, 768},   {GgmlType::kQ4_K, 3, 256},
 };
 
 TEST(QuantGemmTest, F32ModeMatchesDoubleReference) {
@@ -485,6 +494,46 @@ TEST(QuantGemmTest, StackedPartsAndAccumulateEqualSeparateCalls) {
     EXPECT_FALSE(std::isnan(y[0])) << IsaName(isa);
   }
   SetIsaCap(IsaLevel::kAmx);
+}
+
+// The prefill GEMM's tiles: DequantizeMatrixRow equals the reference dequantiser (within one
+// rounding) for every type, in both layouts, on every ISA.
+TEST(QuantGemmTest, DequantizeMatrixRowMatchesReference) {
+  const Case cases[] = {{GgmlType::kQ4_1, 37, 576}, {GgmlType::kQ4_0, 13, 64},
+                        {GgmlType::kQ8_0, 9, 96},   {GgmlType::kQ5_0, 7, 896},
+                        {GgmlType::kQ5_1, 5, 288},  {GgmlType::kQ4_K, 6, 1536},
+                        {GgmlType::kQ5_K, 3, 768},  {GgmlType::kQ6_K, 5, 2304},
+                        {GgmlType::kF16, 4, 100},   {GgmlType::kF32, 3, 37}};
+  for (const Case& c : cases) {
+    std::mt19937 rng(11 + static_cast<int>(c.k));
+    TestMatrix t = MakeMatrix(c.type, c.n, c.k, rng);
+    std::vector<uint8_t> il(t.bytes.size());
+    QuantMatrix wil = t.m;
+    if (CanInterleave(t.m)) {
+      InterleaveRows(t.m, il.data());
+      wil.data = il.data();
+      wil.interleave = kInterleaveRows;
+    }
+    for (IsaLevel isa : Levels()) {
+      SetIsaCap(isa);
+      for (const QuantMatrix& w : {t.m, wil}) {
+        std::vector<float> row(c.k, -7.0f);
+        for (int64_t j = 0; j < c.n; ++j) {
+          DequantizeMatrixRow(w, j, row.data());
+          // One rounding of the row's scale (Q4_1's d * q + m may be fused).
+          float big = 0.0f;
+          for (int64_t e = 0; e < c.k; ++e) big = std::max(big, std::fabs(t.deq[j * c.k + e]));
+          for (int64_t e = 0; e < c.k; ++e) {
+            const float want = t.deq[j * c.k + e];
+            ASSERT_NEAR(row[e], want, 1e-6f * (std::fabs(want) + big))
+                << TypeInfo(c.type).name << " " << IsaName(isa) << " interleave " << w.interleave
+                << " row " << j << " element " << e;
+          }
+        }
+      }
+    }
+    SetIsaCap(IsaLevel::kAmx);
+  }
 }
 
 }  // namespace
