@@ -43,7 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/model/bundled_model.h"
+#include "common/model/model_resolver.h"
 #include "common/util/status_macros.h"
 #include "prefill_node/pop_config.h"
 
@@ -518,8 +518,7 @@ absl::Status ServeMain() {
   if (!(pop_config.ratio >= 0 && pop_config.ratio < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--pop ", pop, " is outside [0, 1)"));
   }
-  std::string model = absl::GetFlag(FLAGS_model);
-  if (model.empty()) model = BundledModelPath();
+  ASSIGN_OR_RETURN(std::string model, ResolveModel(absl::GetFlag(FLAGS_model)));
   if (access(model.c_str(), R_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("model ", model,
                                             " not found (run scripts/setup, or "
