@@ -25,10 +25,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/compute/cpu/cpu_features.h"
+#include "common/model/model_resolver.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
@@ -65,7 +68,12 @@ std::vector<int32_t> RandomPrompt(int n, std::mt19937& rng, int vocab) {
 
 int Run() {
   DecodeEngineOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
+  if (absl::StatusOr<std::string> model = ResolveModel(absl::GetFlag(FLAGS_model)); model.ok()) {
+    o.model_path = *model;
+  } else {
+    std::fprintf(stderr, "decode: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
   o.precision = absl::GetFlag(FLAGS_precision);
   o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   o.batch_invariant = absl::GetFlag(FLAGS_batch_invariant);

@@ -14,9 +14,12 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/compute/session.h"
+#include "common/model/model_resolver.h"
 #include "common/util/thread_pool.h"
 
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
@@ -40,7 +43,12 @@ int Argmax(const std::vector<float>& v) {
 
 int Run() {
   SessionOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
+  if (absl::StatusOr<std::string> model = ResolveModel(absl::GetFlag(FLAGS_model)); model.ok()) {
+    o.model_path = *model;
+  } else {
+    std::fprintf(stderr, "forward: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
   o.precision = absl::GetFlag(FLAGS_precision);
   o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);

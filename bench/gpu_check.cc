@@ -33,7 +33,7 @@
 #include "common/kv/kv_snapshot.h"
 #include "common/kv/kv_staging.h"
 #include "common/kv/paged_kv_cache.h"
-#include "common/model/bundled_model.h"
+#include "common/model/model_resolver.h"
 #include "common/model/quant_types.h"
 #include "decode_node/decode_engine.h"
 #include "decode_node/greedy_from_kv.h"
@@ -48,7 +48,9 @@
 #include "common/compute/cuda/cuda_kernels.h"
 #endif
 
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(std::string, reference, "", "the CPU reference JSON (bench/gpu_reference)");
 ABSL_FLAG(std::string, out, "", "JSON lines output (default: none)");
 ABSL_FLAG(bool, big, true, "run the Llama-3.1-8B-shape timings");
@@ -488,8 +490,13 @@ void CheckModel(Backend& be) {
   const std::vector<int32_t> prompt = ref["prompt_ids"].get<std::vector<int32_t>>();
   const std::vector<int32_t> greedy = ref["greedy"].get<std::vector<int32_t>>();
   const std::vector<float> logits = ref["first_logits"].get<std::vector<float>>();
-  const std::string path =
-      absl::GetFlag(FLAGS_model).empty() ? BundledModelPath() : absl::GetFlag(FLAGS_model);
+  absl::StatusOr<std::string> resolved = ResolveModel(absl::GetFlag(FLAGS_model));
+  if (!resolved.ok()) {
+    std::printf("  model: %s\n", resolved.status().ToString().c_str());
+    g_failed = true;
+    return;
+  }
+  const std::string& path = *resolved;
   absl::StatusOr<std::unique_ptr<LoadedModel>> m = LoadModel(path, be);
   if (!m.ok()) {
     std::printf("  load: %s\n", m.status().ToString().c_str());

@@ -10,19 +10,20 @@
 #include "absl/flags/parse.h"
 #include "bench/gpu_check_common.h"
 #include "common/compute/cpu/cpu_backend.h"
-#include "common/model/bundled_model.h"
+#include "common/model/model_resolver.h"
 #include "common/model/tokenizer.h"
 #include "nlohmann/json.hpp"
 
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(std::string, out, "gpu_reference.json", "output JSON");
 
 namespace tripod {
 namespace {
 
 absl::Status Run() {
-  const std::string path =
-      absl::GetFlag(FLAGS_model).empty() ? BundledModelPath() : absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(const std::string path, ResolveModel(absl::GetFlag(FLAGS_model)));
   ASSIGN_OR_RETURN(CpuBackendOptions opts, CpuOptionsForPrecision("fp32"));
   std::unique_ptr<Backend> backend = MakeCpuBackend(opts);
   ASSIGN_OR_RETURN(std::unique_ptr<LoadedModel> m, LoadModel(path, *backend));

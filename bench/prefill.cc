@@ -20,12 +20,15 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "common/model/model_resolver.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_flops.h"
 
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, lengths, "128,512,1024,2048,4096", "prompt lengths");
@@ -80,7 +83,9 @@ int Run() {
   auto pop_config = ParsePopConfig(absl::GetFlag(FLAGS_ratio), "");
   if (!pop_config.ok()) return Fail(pop_config.status());
   PrefillOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
+  absl::StatusOr<std::string> model = ResolveModel(absl::GetFlag(FLAGS_model));
+  if (!model.ok()) return Fail(model.status());
+  o.model_path = *model;
   o.precision = absl::GetFlag(FLAGS_precision);
   o.chunk = absl::GetFlag(FLAGS_chunk);
 

@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/compute/session.h"
+#include "common/model/model_resolver.h"
 #include "common/rpc/protocol.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -48,7 +49,9 @@
 #include "tripod/v1/decode.grpc.pb.h"
 #include "tripod/v1/prefill.grpc.pb.h"
 
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled one)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(int, threads, 0, "compute threads of each side (default: all cores)");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, lengths, "512,2048", "prompt lengths");
@@ -197,8 +200,7 @@ absl::StatusOr<double> RunLocal(PrefillEngine& pe, DecodeEngine& de,
 }
 
 absl::Status Main(const std::string& self) {
-  const std::string model =
-      absl::GetFlag(FLAGS_model).empty() ? BundledModelPath() : absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(const std::string model, ResolveModel(absl::GetFlag(FLAGS_model)));
   std::string bin_dir = absl::GetFlag(FLAGS_bin_dir);
   if (bin_dir.empty()) {
     const std::string here = self.substr(0, self.rfind('/'));

@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cli/prompt_flags.h"
-#include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
+#include "common/model/model_resolver.h"
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "draft_node/draft_engine.h"
@@ -46,11 +46,12 @@ namespace tripod {
 
 absl::Status DraftMain() {
   DraftEngineOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
-  if (o.model_path.empty()) o.model_path = BundledModelPath();
+  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.self_draft_layers = absl::GetFlag(FLAGS_draft_layers);
   ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
-  o.target_model_path = absl::GetFlag(FLAGS_draft_target);
+  if (!absl::GetFlag(FLAGS_draft_target).empty()) {
+    ASSIGN_OR_RETURN(o.target_model_path, ResolveModel(absl::GetFlag(FLAGS_draft_target)));
+  }
   o.precision = absl::GetFlag(FLAGS_precision);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);

@@ -23,6 +23,7 @@
 #include "common/model/bundled_model.h"
 #include "common/model/chat_template.h"
 #include "common/model/gguf.h"
+#include "common/model/model_resolver.h"
 #include "common/util/status_macros.h"
 #include "eval/longctx_eval.h"
 #include "nlohmann/json.hpp"
@@ -206,7 +207,7 @@ absl::Status EvalLongCtxMain() {
   for (const std::string& p : pop_names) pops.push_back(p == "on");
 
   LongCtxOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.precision = absl::GetFlag(FLAGS_precision);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);

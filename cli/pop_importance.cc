@@ -14,6 +14,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/compute/model.h"
 #include "common/compute/session.h"
+#include "common/model/model_resolver.h"
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "prefill_node/corpus_windows.h"
@@ -48,8 +49,7 @@ absl::Status PopImportanceMain() {
   const std::string precision = flag == "auto" ? "fp32" : flag;
   ASSIGN_OR_RETURN(CpuBackendOptions cpu, CpuOptionsForPrecision(precision));
   std::unique_ptr<Backend> backend = MakeCpuBackend(cpu);
-  const std::string path =
-      absl::GetFlag(FLAGS_model).empty() ? BundledModelPath() : absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(const std::string path, ResolveModel(absl::GetFlag(FLAGS_model)));
   ASSIGN_OR_RETURN(std::unique_ptr<LoadedModel> model, LoadModel(path, *backend));
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, Tokenizer::FromGguf(*model->gguf));
   ASSIGN_OR_RETURN(std::vector<CorpusWindow> windows,

@@ -20,6 +20,7 @@
 #include "cli/prompt_flags.h"
 #include "common/compute/session.h"
 #include "common/model/gguf.h"
+#include "common/model/model_resolver.h"
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -77,8 +78,7 @@ absl::StatusOr<std::vector<int32_t>> GenerateFrom(const PrefillOptions& o,
 
 absl::Status PrefillMain() {
   PrefillOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
-  if (o.model_path.empty()) o.model_path = BundledModelPath();
+  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.precision = absl::GetFlag(FLAGS_precision);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);

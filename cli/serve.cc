@@ -43,7 +43,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/model/bundled_model.h"
+#include "cli/serve_models.h"
 #include "common/util/status_macros.h"
 #include "prefill_node/pop_config.h"
 
@@ -72,6 +72,14 @@ ABSL_FLAG(std::string, tls_dir, "",
           "serve: mutual TLS on every gRPC channel, from a directory laid out as "
           "scripts/make_test_ca makes it (ca.pem, and <role>.pem and <role>.key for scheduler, "
           "prefill, decode and draft); empty: plaintext on loopback");
+ABSL_FLAG(std::string, draft_model, "",
+          "serve: the draft workers' model, a catalogue name or a GGUF file of the model's "
+          "vocabulary (default: the catalogue's draft of --model, e.g. qwen2.5-coder-0.5b-instruct "
+          "for qwen2.5-coder-1.5b-instruct, else a self-draft); self: a self-draft of --model (its "
+          "first --draft_layers layers)");
+ABSL_FLAG(bool, fetch, false,
+          "serve: fetch a catalogue model (--model, --draft_model) that is not here yet with "
+          "scripts/fetch_model first (scripts/serve sets it)");
 ABSL_FLAG(bool, workers_only, false,
           "serve: start and supervise the workers only, no scheduler (for debugging)");
 
@@ -518,17 +526,10 @@ absl::Status ServeMain() {
   if (!(pop_config.ratio >= 0 && pop_config.ratio < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("--pop ", pop, " is outside [0, 1)"));
   }
-  std::string model = absl::GetFlag(FLAGS_model);
-  if (model.empty()) model = BundledModelPath();
-  if (access(model.c_str(), R_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("model ", model,
-                                            " not found (run scripts/setup, or "
-                                            "give --model)"));
-  }
-  if (char* abs = realpath(model.c_str(), nullptr)) {
-    model = abs;
-    std::free(abs);
-  }
+  ASSIGN_OR_RETURN(const ServeModels models,
+                   ChooseServeModels(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_draft_model),
+                                     n_draft > 0, absl::GetFlag(FLAGS_fetch)));
+  const std::string& model = models.target;
   ASSIGN_OR_RETURN(const std::string dir, BinaryDir());
   std::vector<std::string> roles = {"tripod-decode"};
   if (n_prefill > 0) roles.push_back("tripod-prefill");
@@ -602,13 +603,21 @@ absl::Status ServeMain() {
   }
   // A draft worker runs a request's draft hop just before its prefill: it shares a prefill
   // worker's CPUs (or a decode worker's, without prefill workers) rather than taking a share.
+  // A separate draft model runs in full (--draft_layers=0) and names its target, whose vocabulary
+  // it is checked against again at its start and whose identity its Health reports.
   std::vector<Child*> drafters;
   for (int i = 0; i < n_draft; ++i) {
     Child c{.name = absl::StrCat("draft-", i), .binary = dir + "/tripod-draft", .args = common};
-    if (const int layers = absl::GetFlag(FLAGS_draft_layers); layers > 0) {
-      c.args.push_back(absl::StrCat("--draft_layers=", layers));
+    if (!models.draft.empty()) {
+      c.args[0] = "--model=" + models.draft;
+      c.args.push_back("--target_model=" + model);
+      c.args.push_back("--draft_layers=0");
+    } else {
+      if (const int layers = absl::GetFlag(FLAGS_draft_layers); layers > 0) {
+        c.args.push_back(absl::StrCat("--draft_layers=", layers));
+      }
+      c.args.push_back("--lookahead_layers=" + absl::GetFlag(FLAGS_lookahead_layers));
     }
-    c.args.push_back("--lookahead_layers=" + absl::GetFlag(FLAGS_lookahead_layers));
     tls(c, "draft");
     const std::vector<Child*>& beside = prefillers.empty() ? decoders : prefillers;
     c.cpus = beside[i % beside.size()]->cpus;
@@ -622,6 +631,10 @@ absl::Status ServeMain() {
                "compute thread(s) each, %s %d cores\n",
                model.c_str(), n_decode, n_prefill, pop.c_str(), n_draft, threads,
                split ? "splitting" : "sharing", cores);
+  if (n_draft > 0) {
+    std::fprintf(stderr, "tripod serve: draft model %s\n",
+                 models.draft.empty() ? "a self-draft of the model" : models.draft.c_str());
+  }
   for (Child* w : workers) RETURN_IF_ERROR(sup.Start(*w));
   if (absl::Status s = AwaitListening(sup, workers); !s.ok()) {
     return absl::IsCancelled(s) ? absl::OkStatus() : s;

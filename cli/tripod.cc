@@ -21,12 +21,15 @@
 #include "common/compute/cuda/cuda_backend.h"
 #include "common/compute/session.h"
 #include "common/model/chat_template.h"
+#include "common/model/model_resolver.h"
 #include "common/model/sampler.h"
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
-ABSL_FLAG(std::string, model, "", "GGUF model file (default: the bundled SmolLM2-135M-Instruct)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name, e.g. qwen2.5-coder-1.5b-instruct (scripts/"
+          "fetch_model --list); default: the bundled SmolLM2-135M-Instruct");
 ABSL_FLAG(std::string, prompt, "", "raw prompt text (no chat template)");
 ABSL_FLAG(std::string, chat, "",
           "a user message, rendered with the model's chat template; a bare "
@@ -83,7 +86,7 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& s) {
 
 absl::StatusOr<std::unique_ptr<Session>> OpenSession() {
   SessionOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
+  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.backend = absl::GetFlag(FLAGS_backend);
   o.precision = absl::GetFlag(FLAGS_precision);
   o.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);

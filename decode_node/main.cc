@@ -28,6 +28,7 @@
 #include "common/compute/session.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
+#include "common/model/model_resolver.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/stop_signals.h"
 #include "common/rpc/tls_flags.h"
@@ -46,7 +47,9 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
           "HTTP address host:port for GET /health and /metrics (port 0: any free port)");
 ABSL_FLAG(std::string, port_file, "",
           "once both ports listen, write {\"grpc_port\":N,\"http_port\":M} here (atomically)");
-ABSL_FLAG(std::string, model, "", "GGUF model (default: the bundled model)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, backend, "cpu",
           "cpu | cuda (bf16 weights, the paged KV in device memory, f16 by default) | "
@@ -110,8 +113,12 @@ int Run(const sigset_t& signals) {
   if (absl::GetFlag(FLAGS_threads) > 0) SetComputeThreads(absl::GetFlag(FLAGS_threads));
 
   DecodeEngineOptions eo;
-  eo.model_path = absl::GetFlag(FLAGS_model);
-  if (eo.model_path.empty()) eo.model_path = BundledModelPath();
+  if (absl::StatusOr<std::string> model = ResolveModel(absl::GetFlag(FLAGS_model)); model.ok()) {
+    eo.model_path = *model;
+  } else {
+    std::fprintf(stderr, "tripod-decode: %s\n", model.status().ToString().c_str());
+    return 1;
+  }
   eo.precision = absl::GetFlag(FLAGS_precision);
   eo.backend = absl::GetFlag(FLAGS_backend);
   eo.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);

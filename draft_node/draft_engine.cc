@@ -10,6 +10,7 @@
 #include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
 #include "common/model/model_config.h"
+#include "common/model/vocabulary_match.h"
 #include "common/util/status_macros.h"
 
 namespace tripod {
@@ -21,14 +22,6 @@ double Since(std::chrono::steady_clock::time_point t0) {
 
 int32_t Argmax(const std::vector<float>& logits) {
   return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
-
-// The vocabulary's tokens, to compare a draft's with its target's.
-absl::StatusOr<std::vector<std::string>> VocabTokens(const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
-  ASSIGN_OR_RETURN(const std::vector<std::string>* tokens,
-                   gguf->GetStringArray("tokenizer.ggml.tokens"));
-  return *tokens;
 }
 
 }  // namespace
@@ -77,14 +70,7 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(const DraftEngi
   }
   e->lookahead_depth_ = look == kAllLayers ? config.n_layers : look == 0 ? e->depth_ : look;
   if (!options.target_model_path.empty() && options.target_model_path != path) {
-    ASSIGN_OR_RETURN(std::vector<std::string> mine, VocabTokens(path));
-    ASSIGN_OR_RETURN(std::vector<std::string> target, VocabTokens(options.target_model_path));
-    if (mine != target) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("draft: ", path, "'s vocabulary (", mine.size(),
-                       " tokens) differs from the target ", options.target_model_path, "'s (",
-                       target.size(), " tokens); a draft must share the target's vocabulary"));
-    }
+    RETURN_IF_ERROR(CheckSameVocabulary(path, options.target_model_path));
   }
   RETURN_IF_ERROR(backend->Supports(config, kv));
   e->backend_ = std::move(backend);

@@ -17,7 +17,7 @@
 #include "absl/time/time.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
-#include "common/model/bundled_model.h"
+#include "common/model/model_resolver.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/protocol.h"
 #include "common/rpc/stop_signals.h"
@@ -38,7 +38,9 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
           "HTTP address host:port for /health and /metrics (port 0: a free one)");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"grpc_port\":N,\"http_port\":M} here (atomically) once both listen");
-ABSL_FLAG(std::string, model, "", "GGUF model file (default: the bundled model)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(int, draft_layers, 8,
           "self-draft depth: the first N layers of --model with its norm and head (0: --model is a "
           "separate draft model, run in full)");
@@ -47,7 +49,8 @@ ABSL_FLAG(std::string, lookahead_layers, "all",
           "tokens; on the bundled model only these keep SpecKV's accuracy) or N >= --draft_layers; "
           "the importance map still comes from the first --draft_layers");
 ABSL_FLAG(std::string, target_model, "",
-          "the target model, whose vocabulary a separate draft must share (checked at start)");
+          "the target model (a GGUF file or a catalogue name), whose vocabulary a separate draft "
+          "must share (checked at start)");
 ABSL_FLAG(std::string, backend, "cpu",
           "cpu | cuda (the draft on the GPU: bf16 weights, f16 KV) | cpu-guarded-kv (tests: the "
           "CPU with its KV out of the host code's reach, as a GPU's)");
@@ -80,11 +83,12 @@ absl::Status Serve(const sigset_t& signals) {
   if (threads > 0) SetComputeThreads(threads);
 
   DraftEngineOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
-  if (o.model_path.empty()) o.model_path = BundledModelPath();
+  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.self_draft_layers = absl::GetFlag(FLAGS_draft_layers);
   ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
-  o.target_model_path = absl::GetFlag(FLAGS_target_model);
+  if (!absl::GetFlag(FLAGS_target_model).empty()) {
+    ASSIGN_OR_RETURN(o.target_model_path, ResolveModel(absl::GetFlag(FLAGS_target_model)));
+  }
   o.backend = absl::GetFlag(FLAGS_backend);
   o.precision = absl::GetFlag(FLAGS_precision);
   o.prefill_chunk = absl::GetFlag(FLAGS_chunk);

@@ -25,6 +25,7 @@
 #include "common/compute/session.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
+#include "common/model/model_resolver.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/protocol.h"
 #include "common/rpc/stop_signals.h"
@@ -46,7 +47,9 @@ ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
           "HTTP address host:port for /health and /metrics (port 0: a free one)");
 ABSL_FLAG(std::string, port_file, "",
           "write {\"grpc_port\":N,\"http_port\":M} here (atomically) once both listen");
-ABSL_FLAG(std::string, model, "", "GGUF model file (default: the bundled model)");
+ABSL_FLAG(std::string, model, "",
+          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
+          "bundled model");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, backend, "cpu",
           "cpu | cuda (bf16 weights, f16 KV on the GPU) | cpu-guarded-kv (tests: the CPU with "
@@ -85,8 +88,7 @@ namespace {
 
 absl::StatusOr<PrefillOptions> EngineOptions() {
   PrefillOptions o;
-  o.model_path = absl::GetFlag(FLAGS_model);
-  if (o.model_path.empty()) o.model_path = BundledModelPath();
+  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.precision = absl::GetFlag(FLAGS_precision);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);

@@ -25,7 +25,7 @@
 #include "absl/time/time.h"
 #include "common/http/http_server.h"
 #include "common/metrics/metrics.h"
-#include "common/model/bundled_model.h"
+#include "common/model/model_resolver.h"
 #include "common/rpc/stop_signals.h"
 #include "common/rpc/tls_flags.h"
 #include "common/rpc/worker_server.h"
@@ -48,7 +48,8 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:50051",
 ABSL_FLAG(std::string, port_file, "",
           "once both ports listen, write {\"grpc_port\":N,\"http_port\":M} here (atomically)");
 ABSL_FLAG(std::string, model, "",
-          "GGUF model (default: the bundled model); only its metadata is read");
+          "a GGUF file or a model catalogue name (default: the bundled model); only its metadata "
+          "is read");
 ABSL_FLAG(std::string, served_model_name, "",
           "the name clients use in `model` (default: the GGUF file name without .gguf)");
 ABSL_FLAG(int64_t, max_model_len, 0,
@@ -188,10 +189,10 @@ int Run(const sigset_t& signals) {
       ApiKeys::Load(absl::GetFlag(FLAGS_api_key), absl::GetFlag(FLAGS_api_key_file));
   if (!keys.ok()) return Fail(keys.status());
 
-  std::string model_path = absl::GetFlag(FLAGS_model);
-  if (model_path.empty()) model_path = BundledModelPath();
+  absl::StatusOr<std::string> model_path = ResolveModel(absl::GetFlag(FLAGS_model));
+  if (!model_path.ok()) return Fail(model_path.status());
   absl::StatusOr<std::unique_ptr<ServedModel>> model = LoadServedModel(
-      model_path, absl::GetFlag(FLAGS_served_model_name), absl::GetFlag(FLAGS_chat_template));
+      *model_path, absl::GetFlag(FLAGS_served_model_name), absl::GetFlag(FLAGS_chat_template));
   if (!model.ok()) return Fail(absl::InternalError(model.status().ToString()));
   ro.model_sha256 = (*model)->identity.sha256;
   if (const int64_t len = absl::GetFlag(FLAGS_max_model_len); len != 0) {

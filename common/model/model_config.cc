@@ -12,9 +12,10 @@ absl::StatusOr<Arch> ParseArch(const std::string& name) {
   if (name == "llama" || name == "mistral") return Arch::kLlama;
   if (name == "qwen2") return Arch::kQwen2;
   if (name == "qwen3") return Arch::kQwen3;
+  // Refused before any weight is read, so a worker given such a file stops at start.
   return absl::UnimplementedError(
       absl::StrCat("unsupported architecture '", name,
-                   "' (general.architecture); supported: llama, qwen2, qwen3"));
+                   "' (general.architecture): Tripod serves llama (and mistral), qwen2 and qwen3"));
 }
 
 ArchTraits TraitsOf(Arch arch) {

@@ -4,7 +4,8 @@ is packaged for Debian 12) and the Kubernetes 1.30 schemas (kubernetes-validate)
 autoscaling, ServiceMonitors with an Ingress and API keys); every rendered manifest validated; and
 what the chart must render asserted: a Deployment per role, a headless Service per worker role
 that the scheduler's --*_dns names, probes on /health, the API keys' Secret mounted and named,
-GPU requests only when asked for, the termination grace covering the drain."""
+GPU requests only when asked for, the termination grace covering the drain, a catalogue model
+and its draft fetched into the volume and named to every process."""
 
 import os
 
@@ -37,6 +38,9 @@ VALUE_SETS = {
                        "model": {"hostPath": "/srv/models", "fetch": False}},
     "tls": {"grpcTls": {"enabled": True}, "apiTls": {"secretName": "llm-api-tls"},
             "metrics": {"serviceMonitor": {"enabled": True}}},
+    "catalogue": {"model": {"name": "qwen2.5-coder-1.5b-instruct",
+                            "persistentVolumeClaim": {"size": "4Gi"}},
+                  "draft": {"model": "qwen2.5-coder-0.5b-instruct"}},
 }
 
 
@@ -207,3 +211,30 @@ def test_tls_mounts_each_roles_secret_and_passes_its_flags():
   plain, _ = render({})
   for d in by_kind(plain, "Deployment").values():
     assert not any(a.startswith(("--tls_", "--http_tls")) for a in container(d)["args"])
+
+
+def test_a_catalogue_model_and_its_draft_are_fetched_and_named():
+  docs, _ = render(VALUE_SETS["catalogue"])
+  deps = by_kind(docs, "Deployment")
+  models_dir = {"name": "TRIPOD_MODELS_DIR", "value": "/models"}
+  for name, d in deps.items():
+    pod = d["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["command"] == [
+        "/opt/tripod/scripts/fetch_model", "qwen2.5-coder-1.5b-instruct",
+        "qwen2.5-coder-0.5b-instruct", "--into", "/models"], name
+    assert models_dir in container(d)["env"], name
+  for role in ("scheduler", "prefill", "decode"):
+    assert "--model=qwen2.5-coder-1.5b-instruct" in container(deps[f"demo-tripod-{role}"])["args"]
+  draft = container(deps["demo-tripod-draft"])["args"]
+  assert "--model=qwen2.5-coder-0.5b-instruct" in draft
+  assert "--target_model=qwen2.5-coder-1.5b-instruct" in draft
+  assert "--draft_layers=0" in draft and not any(a.startswith("--lookahead") for a in draft)
+  # A draft given as a file in the volume is not fetched; the default chart sets no variable.
+  docs, _ = render({"draft": {"model": "/models/d.gguf"}})
+  deps = by_kind(docs, "Deployment")
+  assert container(deps["demo-tripod-draft"])["args"][:2] == [
+      "--model=/models/d.gguf", "--target_model=/models/SmolLM2-135M-Instruct.Q4_1.gguf"]
+  for d in deps.values():
+    assert d["spec"]["template"]["spec"]["initContainers"][0]["command"] == [
+        "/opt/tripod/scripts/fetch_model", "/models"]
+    assert "env" not in container(d)

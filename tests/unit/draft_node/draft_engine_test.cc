@@ -2,16 +2,22 @@
 // greedy tokens (Session, the CLI's loop, as the independent path), and so does a shallow
 // self-draft's lookahead when it runs at full depth, its map unchanged; the captured scores do not
 // depend on how the prompt was chunked; SpecPC's kept set holds the window and the budget, and a
-// budget at or above the prompt keeps it whole; bad requests get clear errors.
+// budget at or above the prompt keeps it whole; bad requests get clear errors; a separate draft
+// whose vocabulary is not its target's is refused at start.
 #include "draft_node/draft_engine.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "common/compute/session.h"
 #include "gtest/gtest.h"
+#include "tests/unit/gguf_writer.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -184,6 +190,34 @@ TEST(DraftEngineTest, BadRequestsAndOptionsAreRefusedWithAMessage) {
   bad = DraftEngine::Create(o);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("separate draft"), std::string::npos) << bad.status();
+}
+
+// tripod serve's draft pair: the draft worker runs a separate model (self_draft_layers 0) for a
+// target; a target of another vocabulary is refused before the draft's weights load, naming both.
+TEST(DraftEngineTest, ASeparateDraftMustShareItsTargetsVocabulary) {
+  const std::string target =
+      ::testing::TempDir() + "/draft_target_" + std::to_string(getpid()) + ".gguf";
+  std::ofstream(target, std::ios::binary)
+      << gguf_writer::ModelMetadata("qwen2", {"<|endoftext|>", "a", "b"});
+  DraftEngineOptions o;
+  o.model_path = TestModelPath();
+  o.self_draft_layers = 0;
+  o.target_model_path = target;
+  absl::StatusOr<std::unique_ptr<DraftEngine>> e = DraftEngine::Create(o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("vocabularies differ (49152 tokens against 3"),
+            std::string::npos)
+      << e.status();
+  EXPECT_NE(e.status().message().find(target), std::string::npos) << e.status();
+  unlink(target.c_str());
+
+  // The same file as its own target: the pair is accepted (and runs in full).
+  o.target_model_path = TestModelPath();
+  o.context_tokens = 64;
+  e = DraftEngine::Create(o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->depth(), (*e)->model().config.n_layers);
 }
 
 }  // namespace

@@ -28,8 +28,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* What --model says: a catalogue name, or the file in the volume. */}}
 {{- define "tripod.modelPath" -}}
-{{- printf "/models/%s" .Values.model.file -}}
+{{- .Values.model.name | default (printf "/models/%s" .Values.model.file) -}}
+{{- end -}}
+
+{{/* Whether draft.model is a catalogue name (a path has a '/' or a .gguf ending). */}}
+{{- define "tripod.draftIsName" -}}
+{{- $d := .Values.draft.model -}}
+{{- if and $d (not (contains "/" $d)) (not (hasSuffix ".gguf" $d)) }}true{{ end -}}
+{{- end -}}
+
+{{/* The environment that lets processes find catalogue names in the volume. */}}
+{{- define "tripod.modelsEnv" -}}
+{{- if or .Values.model.name (include "tripod.draftIsName" .) }}
+- name: TRIPOD_MODELS_DIR
+  value: /models
+{{- end }}
 {{- end -}}
 
 {{- define "tripod.modelVolume" -}}
@@ -44,14 +59,26 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 {{- end -}}
 
-{{/* The init container that fetches the model into the volume when it is missing. */}}
+{{/* The init container that fetches the model into the volume when it is missing: catalogue
+names (the model's, a catalogue draft's) placed in /models, else the bundled model. */}}
 {{- define "tripod.fetchModel" -}}
 {{- if .Values.model.fetch }}
+{{- $names := list }}
+{{- if .Values.model.name }}
+{{- $names = append $names .Values.model.name }}
+{{- if include "tripod.draftIsName" . }}
+{{- $names = append $names .Values.draft.model }}
+{{- end }}
+{{- end }}
 initContainers:
   - name: fetch-model
     image: {{ include "tripod.image" . }}
     imagePullPolicy: {{ .Values.image.pullPolicy }}
+    {{- if $names }}
+    command: {{ concat (list "/opt/tripod/scripts/fetch_model") $names (list "--into" "/models") | toJson }}
+    {{- else }}
     command: ["/opt/tripod/scripts/fetch_model", "/models"]
+    {{- end }}
     volumeMounts:
       - name: model
         mountPath: /models
