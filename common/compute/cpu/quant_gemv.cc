@@ -484,8 +484,8 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     // K-quants, Q5_0 and Q5_1 have int16 kernels only: every reduced mode takes them.
     const bool int_block = qgemv::IsIntBlockType(w.type);
     // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both kF32.
-    if (mode == GemvMode::kBf16 && m >= kBf16MinRows && block_type && isa >= IsaLevel::kAvx512 &&
-        GetCpuFeatures().avx512bf16) {
+    if (mode == GemvMode::kBf16 && m >= kBf16MinRows && (block_type || int_block) &&
+        isa >= IsaLevel::kAvx512 && GetCpuFeatures().avx512bf16) {
       path[p] = Path::kBf16;
       need_bf16 = true;
     } else if (mode == GemvMode::kInt8 && block_type) {
@@ -600,6 +600,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     switch (path[p]) {
       case Path::kBf16:
         if (qgemv::avx512::RowsBf16(w, xab, yp, ldo, j0, j1)) return;
+        if (qgemv::avx512::RowsBf16KQuant(w, xab, yp, ldo, j0, j1)) return;
         break;
       case Path::kInt8:
         if (isa >= IsaLevel::kAvx512 && qgemv::avx512::RowsInt8(w, xa8, yp, ldo, j0, j1)) return;

@@ -1,6 +1,10 @@
 // QuantGemm kernels for AVX-512 (VL + VNNI): the same 256-bit loops as the AVX2 file, with the
 // int8 block dot done by one vpdpbusd and, with 32 vector registers, twice the rows per group.
 // Only called after ActiveIsa() >= kAvx512.
+// GCC 12 flags _mm512_undefined_* inside its own intrinsics (GCC PR 105593), which the 512-bit
+// K-quant kernels use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
 #include "common/compute/cpu/quant_gemv_internal.h"
@@ -23,6 +27,7 @@ struct Isa {
 }  // namespace tripod::qgemv
 
 #include "common/compute/cpu/quant_gemv_kernels.h"
+#include "common/compute/cpu/quant_gemv_kquant_avx512.h"
 #include "common/compute/cpu/quant_gemv_kquant_kernels.h"
 
 namespace tripod::qgemv::avx512 {
@@ -61,10 +66,15 @@ void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q,
 
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  return RowsInt16KImpl<Isa>(w, xa, y, ldy, j0, j1) ||
+  return RowsInt16K512(w, xa, y, ldy, j0, j1) ||
          RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
 }
 
 bool DequantRow(const QuantMatrix& w, int64_t j, float* out) { return DequantRowImpl(w, j, out); }
+
+bool RowsBf16KQuant(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,
+                    int64_t j1) {
+  return RowsBf16K(w, xa, y, ldy, j0, j1);
+}
 
 }  // namespace tripod::qgemv::avx512

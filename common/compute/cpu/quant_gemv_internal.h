@@ -126,6 +126,11 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
 void ConvertActBf16(const float* x, int m, int64_t ldx, int64_t k, uint16_t* out);
 bool RowsBf16(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1);
+// The bf16 path for the K-quants, Q5_0 and Q5_1 (quant_gemv_kquant_avx512.h; AVX512_BF16 only),
+// false for other types. The int16 path of this ISA takes them with 512-bit kernels, so its
+// results differ from the AVX2 file's in the order of the sums.
+bool RowsBf16KQuant(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,
+                    int64_t j1);
 }  // namespace avx512
 
 // The types whose kernels take x blocks as integers with a scale and a minimum term each: the
