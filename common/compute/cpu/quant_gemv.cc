@@ -481,7 +481,8 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     const bool block_type =
         w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0;
     const bool q4 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1;
-    // K-quants, Q5_0 and Q5_1 have int16 kernels only: every reduced mode takes them.
+    // K-quants, Q5_0 and Q5_1: int16 kernels in the int8 and int16 modes (and bf16 below its
+    // rows or without its hardware), the tile kernel in kF32Tile (fp32 without AVX2).
     const bool int_block = qgemv::IsIntBlockType(w.type);
     // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both kF32.
     if (mode == GemvMode::kBf16 && m >= kBf16MinRows && (block_type || int_block) &&
@@ -491,10 +492,11 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     } else if (mode == GemvMode::kInt8 && block_type) {
       path[p] = Path::kInt8;
       need_int8 = true;
-    } else if (mode == GemvMode::kF32Tile && block_type && isa >= IsaLevel::kAvx2) {
+    } else if (mode == GemvMode::kF32Tile && (block_type || int_block) && isa >= IsaLevel::kAvx2) {
       path[p] = Path::kF32Tile;
       need_tile = true;
-    } else if ((mode == GemvMode::kInt16 && block_type) || (mode != GemvMode::kF32 && int_block)) {
+    } else if ((mode == GemvMode::kInt16 && block_type) ||
+               (mode != GemvMode::kF32 && mode != GemvMode::kF32Tile && int_block)) {
       path[p] = Path::kInt16;
       need_int16 = true;
       need_bsum |= q4 || int_block;

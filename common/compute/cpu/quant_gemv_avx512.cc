@@ -38,7 +38,7 @@ void TransposeAct(const float* x, int m, int64_t ldx, int64_t k, float* xt) {
 
 bool RowsF32Tile(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
                  int64_t j1) {
-  return RowsF32TileImpl<Isa>(w, xa, y, ldy, j0, j1);
+  return RowsF32TileImpl<Isa>(w, xa, y, ldy, j0, j1) || RowsF32TileKImpl(w, xa, y, ldy, j0, j1);
 }
 
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,

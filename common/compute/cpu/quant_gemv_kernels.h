@@ -751,11 +751,11 @@ __attribute__((noinline)) void TileMicro(const float (*wt)[kTileRun], const floa
 // Output rows [j0, j1) of y = x * W^T from the transposed activations (see F32TileAct). No
 // software prefetch: two runs ahead changed nothing measurable (Zen 4, the decode pass at 16
 // rows from DRAM, alternated with a plain read), the pass being bound by the FMAs here.
-template <GgmlType T>
-void TileRowsT(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
-               int64_t j1) {
-  const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  const int64_t rb = w.row_bytes, nb = xa.nb, il_rows = InterleavedRows(w);
+// deq(row, b0, cnt, out): row `row`'s blocks [b0, b0 + cnt) of 32 as fp32 into out.
+template <class Deq>
+void TileRowsWith(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
+                  int64_t j1, Deq&& deq) {
+  const int64_t nb = xa.nb;
   const int groups = (xa.m + kTileCols - 1) / kTileCols;
   alignas(64) float wt[kTileRows][kTileRun];
   // Per x-row group: kTileRows x 2 vectors of sums.
@@ -768,15 +768,7 @@ void TileRowsT(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy
     if (nr < kTileRows) std::memset(wt[nr], 0, sizeof(float) * kTileRun * (kTileRows - nr));
     for (int64_t b0 = 0; b0 < nb; b0 += kIlRun) {
       const int cnt = static_cast<int>(std::min<int64_t>(kIlRun, nb - b0));
-      for (int r = 0; r < nr; ++r) {
-        const int64_t row = j + r;
-        if (row < il_rows) {
-          const int r0 = static_cast<int>(row % kInterleaveRows);
-          DequantRun<T, kInterleaveRows>(base + (row - r0) * rb, rb, r0, nb, b0, cnt, wt[r]);
-        } else {
-          DequantRun<T, 1>(base + row * rb, rb, 0, nb, b0, cnt, wt[r]);
-        }
-      }
+      for (int r = 0; r < nr; ++r) deq(j + r, b0, cnt, wt[r]);
       for (int g = 0; g < groups; ++g) {
         const float* xt = xa.xt + (g * xa.k + b0 * 32) * kTileCols;
         float* am = sums.data() + g * kGroupSums;
@@ -796,6 +788,21 @@ void TileRowsT(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy
       }
     }
   }
+}
+
+template <GgmlType T>
+void TileRowsT(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,
+               int64_t j1) {
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  const int64_t rb = w.row_bytes, nb = xa.nb, il_rows = InterleavedRows(w);
+  TileRowsWith(w, xa, y, ldy, j0, j1, [&](int64_t row, int64_t b0, int cnt, float* out) {
+    if (row < il_rows) {
+      const int r0 = static_cast<int>(row % kInterleaveRows);
+      DequantRun<T, kInterleaveRows>(base + (row - r0) * rb, rb, r0, nb, b0, cnt, out);
+    } else {
+      DequantRun<T, 1>(base + row * rb, rb, 0, nb, b0, cnt, out);
+    }
+  });
 }
 
 // Columns of x in groups of kTileCols rows: xt[(g * k + t) * kTileCols + c] = x[g * 16 + c][t],

@@ -311,33 +311,37 @@ bool RowsInt16KImpl(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t 
 
 // Row j of w as fp32 values d * w + mn (the prefill GEMM's tiles): the K-quants, Q5_0 and Q5_1
 // (GGUF layout) and Q4_0, Q4_1 and Q8_0 (either layout); false for the other types.
+// A run's nc x blocks (from block b0 of the row) as fp32 values d * w + mn into out[0, 32 nc).
+template <GgmlType T>
+inline void DequantRunK(const uint8_t* row, int64_t b0, int nc, float* out) {
+  using K = KTraits<T>;
+  const uint8_t* run = K::Run(row, b0);
+  __m256 d, mn;
+  K::Scales(run, nc, &d, &mn);
+  alignas(32) float ds[kIlRun], ms[kIlRun];
+  _mm256_store_ps(ds, d);
+  _mm256_store_ps(ms, mn);
+  ForBlocks(nc, [&](auto s) {
+    constexpr int S = decltype(s)::value;
+    __m256i w[2];
+    K::template Weights<S>(run, &w[0], &w[1]);
+    const __m256 dv = _mm256_broadcast_ss(&ds[S]), mv = _mm256_broadcast_ss(&ms[S]);
+    float* o = out + S * 32;
+#pragma GCC unroll 2
+    for (int h = 0; h < 2; ++h) {
+      const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w[h])));
+      const __m256 b = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w[h], 1)));
+      // Product, then sum (no FMA): the reference dequantiser's two roundings.
+      _mm256_storeu_ps(o + 16 * h, _mm256_add_ps(_mm256_mul_ps(a, dv), mv));
+      _mm256_storeu_ps(o + 16 * h + 8, _mm256_add_ps(_mm256_mul_ps(b, dv), mv));
+    }
+  });
+}
+
 template <GgmlType T>
 inline void DequantRowKT(const uint8_t* row, int64_t nb, float* out) {
-  using K = KTraits<T>;
   for (int64_t b0 = 0; b0 < nb; b0 += kIlRun) {
-    const int nc = static_cast<int>(std::min<int64_t>(kIlRun, nb - b0));
-    const uint8_t* run = K::Run(row, b0);
-    __m256 d, mn;
-    K::Scales(run, nc, &d, &mn);
-    alignas(32) float ds[kIlRun], ms[kIlRun];
-    _mm256_store_ps(ds, d);
-    _mm256_store_ps(ms, mn);
-    ForBlocks(nc, [&](auto s) {
-      constexpr int S = decltype(s)::value;
-      __m256i w[2];
-      K::template Weights<S>(run, &w[0], &w[1]);
-      const __m256 dv = _mm256_broadcast_ss(&ds[S]), mv = _mm256_broadcast_ss(&ms[S]);
-      float* o = out + (b0 + S) * 32;
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
-        const __m256 a = _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w[h])));
-        const __m256 b =
-            _mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(_mm256_extracti128_si256(w[h], 1)));
-        // Product, then sum (no FMA): the reference dequantiser's two roundings.
-        _mm256_storeu_ps(o + 16 * h, _mm256_add_ps(_mm256_mul_ps(a, dv), mv));
-        _mm256_storeu_ps(o + 16 * h + 8, _mm256_add_ps(_mm256_mul_ps(b, dv), mv));
-      }
-    });
+    DequantRunK<T>(row, b0, static_cast<int>(std::min<int64_t>(kIlRun, nb - b0)), out + b0 * 32);
   }
 }
 
@@ -422,6 +426,39 @@ inline bool RowsF32KImpl(const QuantMatrix& w, const F32Act& xa, float* y, int64
     }
   }
   return true;
+}
+
+// The fp32 tile path (kF32Tile, AVX2 CPUs' batched decode) for these types: the tile kernel of
+// quant_gemv_kernels.h over runs dequantised by DequantRunK (a K-quant run is one super-block).
+inline bool RowsF32TileKImpl(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy,
+                             int64_t j0, int64_t j1) {
+  if (!IsIntBlockType(w.type) || w.interleave != 1) return false;
+  const uint8_t* base = static_cast<const uint8_t*>(w.data);
+  auto run = [&](auto t) {
+    constexpr GgmlType T = decltype(t)::value;
+    TileRowsWith(w, xa, y, ldy, j0, j1, [&](int64_t row, int64_t b0, int cnt, float* out) {
+      DequantRunK<T>(base + row * w.row_bytes, b0, cnt, out);
+    });
+  };
+  switch (w.type) {
+    case GgmlType::kQ4_K:
+      run(std::integral_constant<GgmlType, GgmlType::kQ4_K>{});
+      return true;
+    case GgmlType::kQ5_K:
+      run(std::integral_constant<GgmlType, GgmlType::kQ5_K>{});
+      return true;
+    case GgmlType::kQ6_K:
+      run(std::integral_constant<GgmlType, GgmlType::kQ6_K>{});
+      return true;
+    case GgmlType::kQ5_0:
+      run(std::integral_constant<GgmlType, GgmlType::kQ5_0>{});
+      return true;
+    case GgmlType::kQ5_1:
+      run(std::integral_constant<GgmlType, GgmlType::kQ5_1>{});
+      return true;
+    default:
+      return false;
+  }
 }
 
 }  // namespace

@@ -111,11 +111,12 @@ void CheckAll(const Case& c, GemvMode mode) {
     // d_x = amax / 127 or amax / 32767.
     const bool block_type =
         c.type == GgmlType::kQ4_0 || c.type == GgmlType::kQ4_1 || c.type == GgmlType::kQ8_0;
-    // K-quants, Q5_0 and Q5_1 take the int16 kernels in every reduced mode.
+    // K-quants, Q5_0 and Q5_1 take the int16 kernels in the int8 and int16 modes (the tile mode
+    // is fp32 for them).
     const bool int_block = qgemv::IsIntBlockType(c.type);
     const bool int8 = mode == GemvMode::kInt8 && block_type;
-    const bool int16 =
-        (mode == GemvMode::kInt16 && block_type) || (mode != GemvMode::kF32 && int_block);
+    const bool int16 = (mode == GemvMode::kInt16 && block_type) ||
+                       ((mode == GemvMode::kInt8 || mode == GemvMode::kInt16) && int_block);
     const double levels = int8 ? 127.0 : 32767.0;
     std::vector<float> scalar_y, avx2_y;
     std::vector<double> mags(m * ldy, 0.0);
