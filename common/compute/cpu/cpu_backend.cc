@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/attention.h"
 #include "common/compute/cpu/cpu_features.h"
+#include "common/compute/cpu/quant_gemv_internal.h"
 #include "common/util/huge_pages.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -193,23 +194,31 @@ class CpuBackend final : public Backend {
     }
     const int64_t elem = bf16 ? 2 : 4;
     const int64_t nt = std::clamp<int64_t>(kStreamTileBytes / (k * elem) / 16 * 16, 16, n);
-    tile_f32_.resize(static_cast<size_t>(nt) * k);
+    // With AVX512_BF16 each row goes to bf16 straight from an L1 row (no fp32 tile in L2).
+    const bool direct_bf16 =
+        bf16 && ActiveIsa() >= IsaLevel::kAvx512 && GetCpuFeatures().avx512bf16;
+    if (!direct_bf16) tile_f32_.resize(static_cast<size_t>(nt) * k);
     if (bf16) tile_bf16_.resize(static_cast<size_t>(nt) * k);
     for (int64_t j0 = 0; j0 < n; j0 += nt) {
       const int64_t rows = std::min(nt, n - j0);
       ParallelFor(
           rows,
           [&](int64_t r0, int64_t r1) {
+            thread_local std::vector<float> row;
+            if (direct_bf16) row.resize(k);
             for (int64_t r = r0; r < r1; ++r) {
               const int64_t j = j0 + r;
               size_t p = 0;
               while (p + 1 < w.parts.size() && j >= w.parts[p + 1].col) ++p;
-              DequantizeMatrixRow(w.parts[p].q, j - w.parts[p].col, tile_f32_.data() + r * k);
+              float* out = direct_bf16 ? row.data() : tile_f32_.data() + r * k;
+              DequantizeMatrixRow(w.parts[p].q, j - w.parts[p].col, out);
+              if (direct_bf16) qgemv::avx512::ConvertActBf16(out, 1, k, k, &tile_bf16_[r * k]);
             }
           },
           4);
-      const void* tile = tile_f32_.data();
-      if (bf16) {
+      const void* tile = direct_bf16 ? static_cast<const void*>(tile_bf16_.data())
+                                     : static_cast<const void*>(tile_f32_.data());
+      if (bf16 && !direct_bf16) {
         ConvertRowsCpu(tile_f32_.data(), rows, k, static_cast<int>(k), KvDtype::kBF16,
                        reinterpret_cast<uint8_t*>(tile_bf16_.data()), k * 2);
         tile = tile_bf16_.data();
