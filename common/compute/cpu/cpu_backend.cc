@@ -47,6 +47,8 @@ class CpuMatrix final : public PreparedMatrix {
   // are not read after preparation. The others are multiplied from their quantised bytes at every
   // batch size (large batches: StreamedGemm, a tile of rows dequantised at a time).
   bool gemm_only = false;
+  // Every part a K-quant, Q5_0 or Q5_1 (CpuBackendOptions::gemv_max_rows_kquant applies).
+  bool kquant = false;
 
   int64_t n() const override { return n_; }
   int64_t k() const override { return k_; }
@@ -303,6 +305,8 @@ class CpuBackend final : public Backend {
       m->col_scales.emplace_back();
       m->n_ += t->rows();
     }
+    m->kquant = std::all_of(m->parts.begin(), m->parts.end(),
+                            [](const QuantPart& p) { return qgemv::IsIntBlockType(p.q.type); });
     return std::unique_ptr<PreparedMatrix>(std::move(m));
   }
 
@@ -360,7 +364,9 @@ class CpuBackend final : public Backend {
   void Linear(const PreparedMatrix& pw, const float* x, int m, int64_t ldx, float* y, int64_t ldy,
               bool accumulate) override {
     const auto& w = static_cast<const CpuMatrix&>(pw);
-    if ((m <= opts_.gemv_max_rows || opts_.batch_invariant) && !w.gemm_only) {
+    const int max_rows = w.kquant && opts_.gemv_max_rows_kquant > 0 ? opts_.gemv_max_rows_kquant
+                                                                    : opts_.gemv_max_rows;
+    if ((m <= max_rows || opts_.batch_invariant) && !w.gemm_only) {
       // Slabs of rows keep x in L2 while the weights stream by; a row's result is the same in
       // any slab (the GEMV kernels' per-row arithmetic does not depend on m). All parts, and
       // the accumulation, in one parallel region per slab.
@@ -482,6 +488,9 @@ class CpuBackend final : public Backend {
 // decode steps, its prepacked bf16 weights beat the bf16 GEMV by 10-25 %; at 8 rows the GEMV
 // is 4 % ahead.
 constexpr int kBf16GemvMaxRows = 8;
+// K-quants, Q5_0 and Q5_1: the bf16 GEMV up to 32 rows, before the streamed GEMM, which
+// dequantises the whole matrix on every call.
+constexpr int kBf16GemvMaxRowsKQuant = 32;
 
 // Without bf16 hardware: the fp32 tile GEMV from 13 rows (int16 below), and up to 64 rows
 // rather than oneDNN's fp32 GEMM. Measured on Zen 4 with the AVX2 code (oneDNN capped to AVX2),
@@ -512,6 +521,7 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
     o.gemv_few_rows = GemvMode::kInt16;
     if (bf16_hw) {
       o.gemv_max_rows = kBf16GemvMaxRows;
+      if (f.avx512bf16) o.gemv_max_rows_kquant = kBf16GemvMaxRowsKQuant;
     } else if (ActiveIsa() >= IsaLevel::kAvx2) {
       o.gemv_tile_min_rows = kTileGemvMinRows;
       o.gemv_max_rows = kTileGemvMaxRows;
@@ -535,6 +545,7 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
     o.gemv = f.avx512bf16 ? GemvMode::kBf16 : GemvMode::kInt16;
     o.gemv_few_rows = GemvMode::kInt16;
     o.gemv_max_rows = kBf16GemvMaxRows;
+    if (f.avx512bf16) o.gemv_max_rows_kquant = kBf16GemvMaxRowsKQuant;
     return o;
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown precision '", std::string(precision),

@@ -15,6 +15,10 @@ struct CpuBackendOptions {
   GemvMode gemv = GemvMode::kF32;            // decode GEMVs
   GemvMode gemv_few_rows = GemvMode::kF32;   // ... of fewer than kBf16MinRows rows
   int gemv_max_rows = 16;  // Linear with at most this many rows uses QuantGemm, more: oneDNN
+  // The same for matrices of K-quants, Q5_0 and Q5_1 only (0: gemv_max_rows). Their GEMM form is
+  // streamed (a tile dequantised per call), so the GEMV stays ahead to more rows than for types
+  // whose GEMM weights are prepacked.
+  int gemv_max_rows_kquant = 0;
   // 0, or the row count from which QuantGemm runs kF32Tile instead of gemv (Q4_0/Q4_1/Q8_0).
   int gemv_tile_min_rows = 0;
   KvDtype kv = KvDtype::kF32;  // what callers should store K/V as
