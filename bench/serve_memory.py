@@ -94,8 +94,10 @@ def wait_http(url: str, deadline: float, proc: subprocess.Popen) -> None:
 
 
 def one_request(base: str, timeout: float) -> dict:
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=timeout) as r:
+        model = json.loads(r.read())["data"][0]["id"]
     body = json.dumps({
-        "model": "m",
+        "model": model,
         "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
         "max_tokens": 24,
         "temperature": 0,

@@ -11,6 +11,7 @@
 // only us and the shutdown keeps its order, and gets PR_SET_PDEATHSIG, so none outlives a
 // `tripod serve` killed with SIGKILL.
 #include <fcntl.h>
+#include <malloc.h>
 #include <netdb.h>
 #include <poll.h>
 #include <sched.h>
@@ -530,6 +531,9 @@ absl::Status ServeMain() {
                    ChooseServeModels(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_draft_model),
                                      n_draft > 0, absl::GetFlag(FLAGS_fetch)));
   const std::string& model = models.target;
+  // The vocabulary check parsed both files' token tables (~100 MB of heap for Qwen's); this
+  // process only supervises from here on, so hand the freed heap back.
+  malloc_trim(0);
   ASSIGN_OR_RETURN(const std::string dir, BinaryDir());
   std::vector<std::string> roles = {"tripod-decode"};
   if (n_prefill > 0) roles.push_back("tripod-prefill");
