@@ -13,6 +13,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/compute/cpu/cpu_features.h"
 #include "common/compute/session.h"
 #include "common/model/model_resolver.h"
 #include "common/util/thread_pool.h"
@@ -21,6 +22,8 @@ ABSL_FLAG(std::string, model, "",
           "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
           "bundled model");
 ABSL_FLAG(int, threads, 0, "compute threads (default: all cores)");
+ABSL_FLAG(std::string, isa, "",
+          "cap the kernels' instruction set (avx2, avx512): an AVX2-only CPU's paths on this one");
 ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto", "auto | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(std::string, lengths, "128,512,2048", "prompt lengths");
@@ -133,6 +136,15 @@ int Run() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  const std::string isa = absl::GetFlag(FLAGS_isa);
+  if (isa == "avx2") {
+    tripod::SetIsaCap(tripod::IsaLevel::kAvx2);
+  } else if (isa == "avx512") {
+    tripod::SetIsaCap(tripod::IsaLevel::kAvx512);
+  } else if (!isa.empty()) {
+    std::fprintf(stderr, "forward: --isa must be avx2 or avx512, got '%s'\n", isa.c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_threads) > 0) tripod::SetComputeThreads(absl::GetFlag(FLAGS_threads));
   return tripod::Run();
 }
