@@ -27,7 +27,6 @@ K-quant/Q5_0 kernels merged in: 77 s alone, each C++ run 1-2 s (fp32 rel L2 4e-7
 """
 
 import argparse
-import sys
 import time
 
 import ref_harness as H  # sets BLAS threads before numpy loads

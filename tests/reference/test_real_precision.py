@@ -29,7 +29,6 @@ auto3 99.90% and 99.93%, 437 s for both files.
 import argparse
 import glob
 import os
-import sys
 import sysconfig
 import time
 
