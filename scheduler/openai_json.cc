@@ -243,6 +243,19 @@ std::optional<ApiError> ParseChatMessagesJson(const json& messages, std::vector<
     } else {
       return TypeError(content_param, "a string or a list of text parts", *content);
     }
+    // A tool call in the history would be rendered by the model's template (Qwen2.5's writes
+    // <tool_call> blocks); Tripod renders no tool calls, so it refuses them rather than drop
+    // them silently. null and [] say "no call" and pass.
+    for (const char* key : {"tool_calls", "function_call"}) {
+      const json* calls = Field(m, key);
+      if (calls != nullptr && !calls->empty()) {
+        const std::string param = absl::StrCat(at, ".", key);
+        return InvalidRequest(absl::StrCat("'", param,
+                                           "' is not supported (this server has no tool "
+                                           "calling)"),
+                              param);
+      }
+    }
     out->push_back(std::move(msg));
   }
   return std::nullopt;

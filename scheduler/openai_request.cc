@@ -307,6 +307,17 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
       return InvalidRequest(absl::StrCat("'", key, "' is not supported by this server"), key);
     }
   }
+  // Without tools, "none" and "auto" change nothing; "required" or a named function would ask
+  // for a call this server cannot make.
+  for (const char* key : {"tool_choice", "function_call"}) {
+    auto it = body.find(key);
+    if (it == body.end() || it->is_null()) continue;
+    if (it->is_string() && (*it == "none" || *it == "auto")) continue;
+    return InvalidRequest(absl::StrCat("'", key,
+                                       "' is not supported (only \"none\" or \"auto\": this "
+                                       "server has no tool calling)"),
+                          key);
+  }
   auto rf = body.find("response_format");
   if (rf != body.end() && !rf->is_null()) {
     const bool text = rf->is_object() && rf->contains("type") && (*rf)["type"] == "text";

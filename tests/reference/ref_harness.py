@@ -144,12 +144,16 @@ def skip(message):
   sys.exit(SKIP_EXIT_CODE)
 
 
-def main_wrapper(fn):
+def main_wrapper(fn, allow_skip=True):
   """Runs fn(); exit 0 on success, 1 with a FAIL line on TestFailure / AssertionError, 77 with
-  a SKIP line when the whole test needs a mode this machine cannot run."""
+  a SKIP line when the whole test needs a mode this machine cannot run (a failure instead when
+  allow_skip is False)."""
   try:
     fn()
   except Unsupported as e:
+    if not allow_skip:
+      print(f"FAIL: {e}", flush=True)
+      sys.exit(1)
     skip(str(e))
   except (TestFailure, AssertionError) as e:
     print(f"FAIL: {e}", flush=True)

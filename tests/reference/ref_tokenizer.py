@@ -13,10 +13,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, AddedToken
 # llama.cpp's token types: 3 = control, 4 = user defined. Both are matched whole in text.
 _SPECIAL_TYPES = (3, 4)
 
-# Pre-split regexes by tokenizer.ggml.pre (GPT-2's, and Llama 3's which Qwen2 shares).
+# Pre-split regexes by tokenizer.ggml.pre: GPT-2's, Llama 3's, and Qwen2's (Llama 3's with
+# single digits, \p{N} for \p{N}{1,3}, as its tokenizer.json has it).
 _GPT2_SPLIT = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 _LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"""
                  r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+_QWEN2_SPLIT = _LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)
 
 
 def _pre_tokenizer(pre):
@@ -30,7 +32,8 @@ def _pre_tokenizer(pre):
     ])
   if pre in ("llama-bpe", "llama3", "qwen2", "smaug-bpe"):
     return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(_regex(_LLAMA3_SPLIT), behavior="isolated"),
+        pre_tokenizers.Split(_regex(_QWEN2_SPLIT if pre == "qwen2" else _LLAMA3_SPLIT),
+                             behavior="isolated"),
         byte_level,
     ])
   if pre in ("gpt-2", "default", None):
@@ -69,6 +72,7 @@ def load(path):
       "bos": field("tokenizer.ggml.bos_token_id"),
       "eos": field("tokenizer.ggml.eos_token_id"),
       "tokens": tokens,
+      "chat_template": field("tokenizer.chat_template"),
   }
   return tok, info
 

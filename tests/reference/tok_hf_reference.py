@@ -5,6 +5,8 @@ Face Rust implementation configured the way each model's tokenizer.json configur
 pre-tokenizer patterns below are those tokenizer.json files' patterns).
 """
 
+import functools
+
 import gguf
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers
 from tokenizers import pre_tokenizers
@@ -18,8 +20,10 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
+@functools.lru_cache(maxsize=8)
 def read_vocab(path):
-    """Returns a dict with the tokenizer metadata of a GGUF file."""
+    """Returns a dict with the tokenizer metadata of a GGUF file (cached: reading a 150k
+    vocabulary with GGUFReader takes seconds; callers must not modify it)."""
     r = gguf.GGUFReader(path)
     f = r.fields
 

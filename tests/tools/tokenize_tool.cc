@@ -2,8 +2,11 @@
 // Tripod's tokenizer, reading and writing JSON files so Python can compare with references.
 //   tokenize_tool encode <model.gguf> <in.json> <out.json>   in: {"texts": [...], "parse_special"}
 //   tokenize_tool decode <model.gguf> <in.json> <out.json>   in: {"ids": [[...], ...]}
-//   tokenize_tool chat <in.json> <out.json>   in: {"template" or "name", "messages",
-//   "add_generation_prompt"} tokenize_tool info <model.gguf>
+//   tokenize_tool chat <in.json> <out.json>   in: {"template", "name" or "model", "messages",
+//       "add_generation_prompt"}; with "model" (a GGUF path) the template is the file's own
+//       tokenizer.chat_template, and "ids" (EncodeChat, content not parsed for special tokens,
+//       as the scheduler does) are written beside "text"
+//   tokenize_tool info <model.gguf>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -133,9 +136,19 @@ int Decode(const Tokenizer& tok, const json& in, json* out) {
 }
 
 int Chat(const json& in, json* out) {
-  absl::StatusOr<tripod::ChatTemplate> tmpl =
-      in.contains("template") ? tripod::DetectChatTemplate(in["template"].get<std::string>())
-                              : tripod::ChatTemplateByName(in.value("name", ""));
+  std::unique_ptr<tripod::GgufFile> gguf;
+  std::unique_ptr<Tokenizer> tok;
+  absl::StatusOr<tripod::ChatTemplate> tmpl = absl::InternalError("unset");
+  if (in.contains("model")) {
+    tok = Load(in["model"].get<std::string>(), &gguf);
+    if (!tok) return 1;
+    absl::StatusOr<std::string> text = gguf->GetString("tokenizer.chat_template");
+    tmpl = text.ok() ? tripod::DetectChatTemplate(*text) : text.status();
+  } else if (in.contains("template")) {
+    tmpl = tripod::DetectChatTemplate(in["template"].get<std::string>());
+  } else {
+    tmpl = tripod::ChatTemplateByName(in.value("name", ""));
+  }
   if (!tmpl.ok()) {
     (*out)["error"] = tmpl.status().ToString();
     return 0;
@@ -144,7 +157,13 @@ int Chat(const json& in, json* out) {
   for (const auto& m : in.at("messages")) {
     messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
   }
-  (*out)["text"] = tripod::RenderChat(*tmpl, messages, in.value("add_generation_prompt", false));
+  const bool add_generation_prompt = in.value("add_generation_prompt", false);
+  (*out)["text"] = tripod::RenderChat(*tmpl, messages, add_generation_prompt);
+  if (tok != nullptr) {
+    const std::vector<tripod::ChatSegment> segments =
+        tripod::RenderChatSegments(*tmpl, messages, add_generation_prompt);
+    (*out)["ids"] = tripod::EncodeChat(*tok, segments, /*parse_special_in_content=*/false);
+  }
   (*out)["default_system"] = tmpl->default_system;
   (*out)["kind"] = tmpl->kind == tripod::ChatTemplateKind::kChatML ? "chatml" : "llama3";
   return 0;
@@ -173,7 +192,7 @@ int main(int argc, char** argv) {
     json in, out;
     if (!ReadJson(argv[2], &in)) return 1;
     try {
-      Chat(in, &out);
+      if (Chat(in, &out) != 0) return 1;
     } catch (const std::exception& e) {
       std::cerr << "bad request: " << e.what() << "\n";
       return 1;

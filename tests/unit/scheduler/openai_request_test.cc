@@ -402,6 +402,22 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kChat, {{"min_tokens", "3"}}, "min_tokens", "integer"},
       {kChat, {{"logit_bias", {{"99999999999", 1}}}}, "logit_bias", "token ids"},
       {kChat, {{"tools", {{{"type", "function"}}}}}, "tools", "not supported"},
+      {kChat, {{"tool_choice", "required"}}, "tool_choice", "not supported"},
+      {kChat, {{"tool_choice", {{"type", "function"}}}}, "tool_choice", "not supported"},
+      {kChat, {{"function_call", {{"name", "f"}}}}, "function_call", "not supported"},
+      {kChat,
+       {{"messages",
+         {{{"role", "user"}, {"content", "x"}},
+          {{"role", "assistant"},
+           {"tool_calls",
+            {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}}}}}}}}}},
+       "messages[1].tool_calls",
+       "not supported"},
+      {kChat,
+       {{"messages",
+         {{{"role", "assistant"}, {"content", ""}, {"function_call", {{"name", "f"}}}}}}},
+       "messages[0].function_call",
+       "not supported"},
       {kChat, {{"response_format", {{"type", "json_object"}}}}, "response_format", "text"},
       {kCmpl, {{"user", 1}}, "user", "string"},
       {kCmpl, {{"stream", "yes"}}, "stream", "boolean"},
@@ -443,6 +459,20 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
     EXPECT_EQ(e.type, "invalid_request_error");
     EXPECT_EQ(e.param, c.param);
     EXPECT_THAT(e.message, HasSubstr(c.words));
+  }
+}
+
+TEST(OpenAiRequestTest, NoOpToolFieldsPass) {
+  // Without tools, tool_choice "none"/"auto" and empty tool-call lists ask for nothing.
+  for (const json& extra :
+       {json{{"tool_choice", "none"}}, json{{"tool_choice", "auto"}},
+        json{{"tools", json::array()}, {"tool_choice", "none"}},
+        json{{"messages",
+              {{{"role", "user"}, {"content", "x"}},
+               {{"role", "assistant"}, {"content", "y"}, {"tool_calls", json::array()}}}}}}) {
+    SCOPED_TRACE(extra.dump());
+    auto r = ParseCompletionBody(Body(kChat, extra), kChat);
+    ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
   }
 }
 

@@ -175,6 +175,8 @@ TEST_F(OpenAiTokensTest, TokenizeAndDetokenizeRefusals) {
       {R"({"prompt":"a","messages":[{"role":"user","content":"b"}]})", "messages"},
       {R"({"messages":[]})", "messages"},
       {R"({"messages":[{"role":"tool","content":"b"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"assistant","content":"","tool_calls":[{"id":"c"}]}]})",
+       "messages[0].tool_calls"},
       {R"({"prompt":"a","add_special_tokens":"yes"})", "add_special_tokens"},
       {R"({"messages":[{"role":"user","content":"b"}],"add_generation_prompt":1})",
        "add_generation_prompt"},
