@@ -45,6 +45,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cli/serve_models.h"
+#include "common/model/model_catalogue.h"
+#include "common/model/model_resolver.h"
 #include "common/util/status_macros.h"
 #include "prefill_node/pop_config.h"
 
@@ -534,6 +536,12 @@ absl::Status ServeMain() {
   // The vocabulary check parsed both files' token tables (~100 MB of heap for Qwen's); this
   // process only supervises from here on, so hand the freed heap back.
   malloc_trim(0);
+  // The API's name for the model: the catalogue name it was started by (`--model
+  // qwen2.5-coder-1.5b-instruct` answers to "qwen2.5-coder-1.5b-instruct"; the scheduler keeps
+  // the file's name as an alias), else the file's name.
+  const std::string model_flag = absl::GetFlag(FLAGS_model);
+  const bool by_name = !model_flag.empty() && IsCatalogueName(BuiltinModelCatalogue(), model_flag);
+  const std::string served_name = by_name ? model_flag : ModelStem(model);
   ASSIGN_OR_RETURN(const std::string dir, BinaryDir());
   std::vector<std::string> roles = {"tripod-decode"};
   if (n_prefill > 0) roles.push_back("tripod-prefill");
@@ -658,6 +666,7 @@ absl::Status ServeMain() {
   if (!workers_only) {
     Child c{.name = "scheduler", .binary = dir + "/tripod-scheduler"};
     c.args = {"--model=" + model, "--decode=" + addresses(decoders)};
+    if (by_name) c.args.push_back("--served_model_name=" + served_name);
     if (!prefillers.empty()) c.args.push_back("--prefill=" + addresses(prefillers));
     if (!drafters.empty()) c.args.push_back("--draft=" + addresses(drafters));
     tls(c, "scheduler");
@@ -696,7 +705,7 @@ absl::Status ServeMain() {
         "Tripod is serving %s at %s (Ctrl-C stops it)\n"
         "  curl %s/completions -H 'Content-Type: application/json' -d '{\"model\": \"%s\", "
         "\"prompt\": \"The capital of France is\", \"max_tokens\": 16}'\n",
-        ModelStem(model).c_str(), url.c_str(), url.c_str(), ModelStem(model).c_str());
+        served_name.c_str(), url.c_str(), url.c_str(), served_name.c_str());
   } else {
     std::printf("tripod serve: workers only; decode %s, prefill %s, draft %s (Ctrl-C stops them)\n",
                 addresses(decoders).c_str(), addresses(prefillers).c_str(),

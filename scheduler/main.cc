@@ -51,7 +51,8 @@ ABSL_FLAG(std::string, model, "",
           "a GGUF file or a model catalogue name (default: the bundled model); only its metadata "
           "is read");
 ABSL_FLAG(std::string, served_model_name, "",
-          "the name clients use in `model` (default: the GGUF file name without .gguf)");
+          "the name clients use in `model` (default: --model's catalogue name, else the GGUF "
+          "file name without .gguf, which stays accepted under another name)");
 ABSL_FLAG(int64_t, max_model_len, 0,
           "prompt plus completion tokens a request may use, at most (0: the model's context "
           "length; more than it is an error); longer requests get a 400");
@@ -192,7 +193,9 @@ int Run(const sigset_t& signals) {
   absl::StatusOr<std::string> model_path = ResolveModel(absl::GetFlag(FLAGS_model));
   if (!model_path.ok()) return Fail(model_path.status());
   absl::StatusOr<std::unique_ptr<ServedModel>> model = LoadServedModel(
-      *model_path, absl::GetFlag(FLAGS_served_model_name), absl::GetFlag(FLAGS_chat_template));
+      *model_path,
+      ServedModelName(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_served_model_name)),
+      absl::GetFlag(FLAGS_chat_template));
   if (!model.ok()) return Fail(absl::InternalError(model.status().ToString()));
   ro.model_sha256 = (*model)->identity.sha256;
   if (const int64_t len = absl::GetFlag(FLAGS_max_model_len); len != 0) {

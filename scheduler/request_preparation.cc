@@ -9,6 +9,9 @@ namespace tripod::scheduler {
 
 std::optional<ApiError> CheckModelName(const std::string& model, const ServedModel& served) {
   if (model.empty() || model == served.name) return std::nullopt;
+  for (const std::string& alias : served.aliases) {
+    if (model == alias) return std::nullopt;
+  }
   return ApiError{404,
                   absl::StrCat("The model '", model, "' does not exist; this server serves '",
                                served.name, "'"),

@@ -12,7 +12,7 @@
 
 namespace tripod::scheduler {
 
-// 404 unless `model` is empty (gRPC's "the served model") or the served name.
+// 404 unless `model` is empty (gRPC's "the served model"), the served name or an alias of it.
 std::optional<ApiError> CheckModelName(const std::string& model, const ServedModel& served);
 
 // context_length_exceeded for a text prompt (or messages) so long that it cannot fit whatever

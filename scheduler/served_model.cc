@@ -3,9 +3,19 @@
 #include <ctime>
 
 #include "absl/strings/match.h"
+#include "common/model/model_catalogue.h"
+#include "common/model/model_resolver.h"
 #include "common/util/status_macros.h"
 
 namespace tripod::scheduler {
+
+std::string ServedModelName(const std::string& model_flag, const std::string& served_model_name) {
+  if (!served_model_name.empty()) return served_model_name;
+  if (!model_flag.empty() && IsCatalogueName(BuiltinModelCatalogue(), model_flag)) {
+    return model_flag;
+  }
+  return "";
+}
 
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const std::string& path,
                                                              const std::string& name,
@@ -16,11 +26,10 @@ absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const std::string& 
   m->max_model_len = m->identity.context_length;
   ASSIGN_OR_RETURN(m->gguf, GgufFile::Open(path));
   ASSIGN_OR_RETURN(m->tokenizer, Tokenizer::FromGguf(*m->gguf));
-  m->name = name;
-  if (m->name.empty()) {
-    m->name = m->identity.file_name;
-    if (absl::EndsWith(m->name, ".gguf")) m->name.resize(m->name.size() - 5);
-  }
+  std::string stem = m->identity.file_name;
+  if (absl::EndsWith(stem, ".gguf")) stem.resize(stem.size() - 5);
+  m->name = name.empty() ? stem : name;
+  if (m->name != stem && !stem.empty()) m->aliases.push_back(stem);
   absl::StatusOr<ChatTemplate> tmpl = absl::InternalError("unset");
   if (!chat_template.empty()) {
     tmpl = ChatTemplateByName(chat_template);

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/chat_template.h"
@@ -19,6 +20,9 @@ namespace tripod::scheduler {
 
 struct ServedModel {
   std::string name;  // what clients put in `model` (and /v1/models lists)
+  // Other names `model` may give: the file name without ".gguf" when `name` is another (a
+  // catalogue name, --served_model_name), so that the file's own name keeps working.
+  std::vector<std::string> aliases;
   std::string path;
   ModelIdentityInfo identity;
   std::unique_ptr<GgufFile> gguf;
@@ -31,8 +35,14 @@ struct ServedModel {
   int64_t max_model_len = 0;
 };
 
-// name: empty = the file name without ".gguf". chat_template: empty = the GGUF's own, or a name
-// ("chatml", "llama3").
+// The name the API serves the model under: --served_model_name when given, else the catalogue
+// name --model gave (`tripod-scheduler --model qwen2.5-coder-1.5b-instruct` serves
+// "qwen2.5-coder-1.5b-instruct", as it was asked for), else empty (the file's name;
+// LoadServedModel).
+std::string ServedModelName(const std::string& model_flag, const std::string& served_model_name);
+
+// name: empty = the file name without ".gguf" (another name keeps that one as an alias).
+// chat_template: empty = the GGUF's own, or a name ("chatml", "llama3").
 absl::StatusOr<std::unique_ptr<ServedModel>> LoadServedModel(const std::string& path,
                                                              const std::string& name,
                                                              const std::string& chat_template);
