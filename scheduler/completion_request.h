@@ -66,6 +66,7 @@ struct CompletionRequest {
 
   // Generated tokens at most; -1: not given (the lifecycle uses context - prompt).
   int max_tokens = -1;
+  std::string max_tokens_param = "max_tokens";  // the field it came from, for errors
   SamplingParams sampling;  // temperature default 1 as OpenAI's; top_logprobs below
   bool has_seed = false;    // sampling.seed came from the client; else the lifecycle draws one
   std::vector<std::string> stop;

@@ -172,6 +172,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
 
   API_RETURN_IF_ERROR(CheckIntRange(raw.max_tokens_param, raw.max_tokens, 1, kInt32Max));
   req.max_tokens = raw.max_tokens.has_value() ? static_cast<int>(*raw.max_tokens) : -1;
+  req.max_tokens_param = raw.max_tokens_param;
 
   API_RETURN_IF_ERROR(CheckRange("temperature", raw.temperature, {0, true, kMaxTemperature, true}));
   // A positive top_p below the smallest float still means "keep the likeliest token"; rounding

@@ -92,7 +92,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
                                     n, " in the ", chat ? "messages" : "prompt", ", ", max_tokens,
                                     " for the completion). Please reduce the length of the ",
                                     chat ? "messages" : "prompt", " or the completion."),
-                       chat ? "max_completion_tokens" : "max_tokens");
+                       request.max_tokens_param);
     e.code = "context_length_exceeded";
     return e;
   }
