@@ -174,6 +174,20 @@ TEST_F(ModelResolverTest, TheEnvironmentNamesTheModelsDirAndTheCache) {
     fs::resize_file(in_cache, qwen->bytes);
     absl::StatusOr<std::string> p = ResolveModel("qwen2.5-coder-1.5b-instruct");
     ASSERT_TRUE(p.ok()) << p.status();
+    // In DefaultModelSearch()'s order: a checkout's models/ that holds the real file (fetch_model
+    // links it there; scripts/test fetches it for the real_model tests) comes before the cache.
+    std::string want = in_cache;
+    for (const std::string& dir : s.models_dirs) {
+      if (fs::exists(dir + "/" + qwen->file)) {
+        want = dir + "/" + qwen->file;
+        break;
+      }
+    }
+    EXPECT_EQ(*p, want);
+    // The cache, with a models directory that lacks the file, whatever the checkout holds.
+    p = ResolveModelIn("qwen2.5-coder-1.5b-instruct", BuiltinModelCatalogue(),
+                       ModelSearch{{root_ + "/models"}, s.cache_dir});
+    ASSERT_TRUE(p.ok()) << p.status();
     EXPECT_EQ(*p, in_cache);
   }
   {
