@@ -1,26 +1,51 @@
 #!/usr/bin/env bash
-# Side-by-side speed of Tripod's forward pass (bench/forward) and llama.cpp's llama-bench on the
-# same model and thread count, measured in one run; prints one JSON line per metric. Builds nothing.
-#   LLAMA_BENCH=/path/to/llama-bench [THREADS=2] [REPS=3] [MODEL=models/...gguf] \
-#     [TRIPOD_BENCH=build/release/bench/forward] [PRECISION=auto] [KV=auto] \
-#     bench/compare_llamacpp.sh
-# KV: the KV cache type of both sides (auto: Tripod's default and llama.cpp's f16; q8_0: both
-# q8_0, llama-bench with -ctk/-ctv q8_0 and flash attention, which its quantised V cache needs).
+# Side-by-side speed of Tripod's forward pass (bench/forward) and two llama.cpp peers on the same
+# model and thread count, measured in one run: llama.cpp's llama-bench (LLAMA_BENCH) and
+# ik_llama.cpp's (IK_LLAMA_BENCH, run with -rtr 1: its weights repacked at load for its own
+# kernels, that fork's fast CPU path). Either peer may be left out, not both. Prints one JSON line
+# per metric, with each peer's figure and Tripod's ratio against the better of them. Builds nothing.
+#   [LLAMA_BENCH=/path/to/llama-bench] [IK_LLAMA_BENCH=/path/to/ik/llama-bench] [THREADS=2] \
+#     [REPS=3] [MODEL=models/...gguf] [TRIPOD_BENCH=build/release/bench/forward] \
+#     [PRECISION=auto] [KV=auto] bench/compare_llamacpp.sh [MODEL=path]
+# The settings may also be given as NAME=VALUE arguments (bench/compare_llamacpp.sh MODEL=x.gguf).
+# MODEL: a GGUF file's path.
+# KV: the KV cache type of every side (auto: Tripod's default and the peers' f16; q8_0: all
+# q8_0, the peers with -ctk/-ctv q8_0 and flash attention, which their quantised V cache needs).
 # Metrics: pp128, pp512, pp2048 (prefill tokens/s), tg128 (decode tokens/s at short context) and
-# tg128_d2048 (decode after a 2048-token context; only if this llama-bench has -d/--n-depth).
-# Both sides are means over REPS runs (llama-bench's avg_ts; bench/forward's *_mean fields).
+# tg128_d2048 (decode after a 2048-token context: llama-bench -d 2048 where it has -d/--n-depth,
+# ik_llama.cpp's -gp 2048,128; skipped for a peer whose llama-bench has neither).
+# Every side is a mean over REPS runs (llama-bench's avg_ts; bench/forward's *_mean fields).
 # Tripod's tg128 decodes after its 128-token prompt (context 128..256), llama-bench's from empty.
+# Each line: tripod, llamacpp, ik_llamacpp (null where that peer was not run or gave no figure),
+# best (the better peer's name), ratio (tripod / the better peer's figure), and ratio_llamacpp,
+# ratio_ik_llamacpp against each.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [[ -z "${LLAMA_BENCH:-}" ]]; then
-  echo "compare_llamacpp: set LLAMA_BENCH=/path/to/llama-bench (this script builds nothing)" >&2
+for arg in "$@"; do
+  case "$arg" in
+    LLAMA_BENCH=* | IK_LLAMA_BENCH=* | THREADS=* | REPS=* | MODEL=* | TRIPOD_BENCH=* | \
+      PRECISION=* | KV=*)
+      export "${arg?}"
+      ;;
+    *)
+      echo "compare_llamacpp: unknown argument '$arg' (want NAME=VALUE; see the script's head)" >&2
+      exit 2
+      ;;
+  esac
+done
+
+if [[ -z "${LLAMA_BENCH:-}" && -z "${IK_LLAMA_BENCH:-}" ]]; then
+  echo "compare_llamacpp: set LLAMA_BENCH=/path/to/llama-bench and/or" \
+    "IK_LLAMA_BENCH=/path/to/ik_llama.cpp/llama-bench (this script builds nothing)" >&2
   exit 2
 fi
-if [[ ! -x "$LLAMA_BENCH" ]]; then
-  echo "compare_llamacpp: LLAMA_BENCH=$LLAMA_BENCH is not an executable file" >&2
-  exit 2
-fi
+for peer in LLAMA_BENCH IK_LLAMA_BENCH; do
+  if [[ -n "${!peer:-}" && ! -x "${!peer}" ]]; then
+    echo "compare_llamacpp: $peer=${!peer} is not an executable file" >&2
+    exit 2
+  fi
+done
 threads=${THREADS:-2}
 reps=${REPS:-3}
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -66,33 +91,66 @@ run_to() {
   fi
 }
 
+# run_peer NAME BINARY [extra flags]: NAME_pp.json (pp128/512/2048, tg128) and NAME_depth.json
+# (tg128 after a 2048-token context, or [] where this llama-bench cannot run it).
+run_peer() {
+  local name=$1 bin=$2
+  shift 2
+  run_to "$tmp/${name}_pp.json" "$bin" -m "$model" -t "$threads" -r "$reps" -o json \
+    -p 128,512,2048 -n 128 "${llama_kv[@]}" "$@"
+  local help
+  help=$("$bin" --help 2>&1 || true)
+  if grep -q -- '--n-depth' <<<"$help"; then
+    run_to "$tmp/${name}_depth.json" "$bin" -m "$model" -t "$threads" -r "$reps" -o json \
+      -p 0 -n 128 -d 2048 "${llama_kv[@]}" "$@"
+  elif grep -q -- '-gp <pp,tg>' <<<"$help"; then # ik_llama.cpp: tg128 after a 2048-token prompt
+    run_to "$tmp/${name}_depth.json" "$bin" -m "$model" -t "$threads" -r "$reps" -o json \
+      -p 0 -n 0 -gp 2048,128 "${llama_kv[@]}" "$@"
+  else
+    echo "[]" >"$tmp/${name}_depth.json"
+  fi
+}
+
 echo "compare_llamacpp: threads=$threads precision=$precision kv=$kv model=$model load:$(cut -d' ' -f1-3 /proc/loadavg)" >&2
-run_to "$tmp/llama_pp.json" "$LLAMA_BENCH" -m "$model" -t "$threads" -r "$reps" -o json \
-  -p 128,512,2048 -n 128 "${llama_kv[@]}"
-# Older llama-bench builds have no -d; then the depth metric is skipped.
-if "$LLAMA_BENCH" --help 2>&1 | grep -q -- '--n-depth'; then
-  run_to "$tmp/llama_depth.json" "$LLAMA_BENCH" -m "$model" -t "$threads" -r "$reps" -o json \
-    -p 0 -n 128 -d 2048 "${llama_kv[@]}"
-else
-  echo "[]" >"$tmp/llama_depth.json"
+peers=()
+if [[ -n "${LLAMA_BENCH:-}" ]]; then
+  run_peer llamacpp "$LLAMA_BENCH"
+  peers+=(llamacpp)
+fi
+if [[ -n "${IK_LLAMA_BENCH:-}" ]]; then
+  run_peer ik_llamacpp "$IK_LLAMA_BENCH" -rtr 1
+  peers+=(ik_llamacpp)
 fi
 run_to "$tmp/tripod.jsonl" "$tripod_bench" --model "$model" --threads "$threads" \
   --lengths 128,512,2048 --decode_tokens 128 --reps "$reps" --precision "$precision" \
   --kv_cache_dtype "$kv"
 
-python3 - "$tmp" "$threads" <<'EOF'
+python3 - "$tmp" "$threads" "$model" "${peers[@]}" <<'EOF'
 import json
+import os
+import re
 import sys
 
-tmp, threads = sys.argv[1], int(sys.argv[2])
+tmp, threads, model, peers = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+all_peers = ("llamacpp", "ik_llamacpp")
 
-# llama-bench -o json: one array of test objects, each with n_prompt, n_gen, n_depth, avg_ts.
-llama = {}
-for name in ("llama_pp.json", "llama_depth.json"):
-    with open(f"{tmp}/{name}") as f:
-        for t in json.load(f):
-            key = (t["n_prompt"], t["n_gen"], t.get("n_depth", 0))
-            llama[key] = t["avg_ts"]
+
+def load_peer(name):
+    """llama-bench -o json: one array of test objects, each with n_prompt, n_gen, avg_ts and
+    (llama.cpp) n_depth. ik_llama.cpp's -gp test has n_prompt and n_gen both set, and its label
+    in "test" (tg128@pp2048): keyed here as the depth test (0, n_gen, n_prompt)."""
+    out = {}
+    for part in ("pp", "depth"):
+        with open(f"{tmp}/{name}_{part}.json") as f:
+            for t in json.load(f):
+                key = (t["n_prompt"], t["n_gen"], t.get("n_depth", 0))
+                if re.fullmatch(r"tg\d+@pp\d+", str(t.get("test", ""))):
+                    key = (0, t["n_gen"], t["n_prompt"])
+                out[key] = t["avg_ts"]
+    return out
+
+
+figures = {name: load_peer(name) for name in peers}
 
 # bench/forward: one JSON object per line, per prompt length.
 tripod = {}
@@ -110,21 +168,37 @@ metrics = [
     ("tg128", (0, 128, 0), 128, "decode_tok_s_mean"),
     ("tg128_d2048", (0, 128, 2048), 2048, "decode_tok_s_mean"),
 ]
+
+
+def ratio(x, y):
+    return round(x / y, 3) if y else None
+
+
 missing = False
 for metric, lkey, length, field in metrics:
-    if lkey not in llama:
-        if metric != "tg128_d2048":  # The depth test is optional; the rest must be there.
-            print(f"compare_llamacpp: llama-bench gave no {metric}", file=sys.stderr)
+    got = {name: figures[name].get(lkey) for name in peers}
+    for name, y in got.items():
+        # The depth test is optional (an old llama-bench has no way to run it); the rest must be.
+        if y is None and metric != "tg128_d2048":
+            print(f"compare_llamacpp: {name}'s llama-bench gave no {metric}", file=sys.stderr)
             missing = True
+    have = {name: y for name, y in got.items() if y is not None}
+    if not have:
         continue
     if length not in tripod:
         print(f"compare_llamacpp: Tripod bench gave no {length}-token line", file=sys.stderr)
         missing = True
         continue
-    x, y = tripod[length][field], llama[lkey]
-    print(json.dumps({"bench": "vs_llamacpp", "metric": metric, "threads": threads,
-                      "tripod": round(x, 2), "llamacpp": round(y, 2),
-                      "ratio": round(x / y, 3) if y > 0 else None},
-                     separators=(",", ":")))
+    x = tripod[length][field]
+    best = max(have, key=have.get)
+    line = {"bench": "vs_llamacpp", "metric": metric, "threads": threads,
+            "model": os.path.basename(model), "tripod": round(x, 2)}
+    for name in all_peers:
+        line[name] = round(got[name], 2) if got.get(name) is not None else None
+    line["best"] = best
+    line["ratio"] = ratio(x, have[best])
+    for name in all_peers:
+        line[f"ratio_{name}"] = ratio(x, got[name]) if got.get(name) is not None else None
+    print(json.dumps(line, separators=(",", ":")))
 sys.exit(1 if missing else 0)
 EOF

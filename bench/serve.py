@@ -23,6 +23,16 @@ server's usage.completion_tokens when it reports them, else the chunks counted. 
 over the span from the first request sent to the last token received. A request fails on a
 transport error, a non-200 status, an error event in the stream, or (--strict, default) fewer
 output tokens than asked or a reported prompt size other than --prompt_tokens.
+
+The machine's other work: a server whose threads spin at barriers (llama.cpp's CPU threadpool,
+-t = cores) loses most of its speed to any other busy process on the same cores (measured on 2
+vCPUs: llama-server's single-stream decode 9 to 108 tokens/s within minutes, as others' compiles
+came and went), so a figure taken beside other work says little. The line reports what else ran:
+load_1m (the 1-minute load average before the measured requests), client_cpu_s (this process),
+server_cpu_s (the --server_pid processes and their descendants), and others_cpu_pct (the share of
+all CPUs' time in the measured span used by anything else: the interference). --quiet_pct P waits
+(up to --quiet_wait seconds, polling) before the measured requests until the CPUs were less than P
+percent busy over 5 s; the line's quiet_wait_s says how long, and quiet false that it gave up.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ import json
 import math
 import os
 import random
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -89,6 +100,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="accept short outputs and unexpected reported prompt sizes")
     p.add_argument("--label", action="append", default=[], metavar="KEY=VALUE",
                    help="add a field to the JSON line (repeatable; numbers stay numbers)")
+    p.add_argument("--server_pid", type=int, action="append", default=[], metavar="PID",
+                   help="the server's process (repeatable): its CPU time, with its descendants', "
+                        "is counted apart from the other processes' (others_cpu_pct)")
+    p.add_argument("--quiet_pct", type=float, default=0.0,
+                   help="before the measured requests, wait until the CPUs were less than this "
+                        "percent busy over 5 s (default: no wait)")
+    p.add_argument("--quiet_wait", type=float, default=600.0,
+                   help="seconds --quiet_pct waits at most, polling every 30 s (default %(default)s)")
     p.add_argument("--fields", default="",
                    help="comma-separated fields to print, in this order (default: all)")
     a = p.parse_args(argv)
@@ -97,6 +116,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(f"--{name} must be at least 1")
     if a.concurrency < 0 or a.warmup < 0 or a.rate < 0 or a.timeout <= 0:
         p.error("--concurrency, --warmup and --rate must not be negative; --timeout positive")
+    if a.quiet_pct < 0 or a.quiet_wait < 0:
+        p.error("--quiet_pct and --quiet_wait must not be negative")
     for lab in a.label:
         if "=" not in lab:
             p.error(f"--label {lab!r}: want KEY=VALUE")
@@ -169,6 +190,72 @@ def percentiles(xs: list[float], scale: float, prefix: str, unit: str) -> dict:
     for q, name in ((0.5, "p50"), (0.9, "p90"), (0.99, "p99")):
         out[f"{prefix}_{name}_{unit}"] = round(pct(q) * scale, 6)
     return out
+
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def host_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of every CPU since boot, from /proc/stat's first line."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    total = sum(v[:8])  # user nice system idle iowait irq softirq steal
+    return (total - v[3] - v[4]) / CLK_TCK, total / CLK_TCK
+
+
+def tree_cpu(roots: list[int]) -> float:
+    """CPU seconds (user + system) of the live processes `roots` and all their descendants."""
+    if not roots:
+        return 0.0
+    procs = {}  # pid -> (ppid, cpu seconds)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                st = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = st[st.rindex(")") + 2:].split()  # after "pid (comm) "
+        procs[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in procs.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo, seen = 0.0, [r for r in roots if r in procs], set()
+    while todo:
+        pid = todo.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        total += procs[pid][1]
+        todo.extend(children.get(pid, []))
+    return total
+
+
+def own_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+async def wait_quiet(pct: float, limit: float) -> tuple[bool, float]:
+    """Waits until the CPUs were less than pct percent busy over 5 s, at most `limit` seconds
+    (polling every 30 s). Returns (quiet, seconds waited)."""
+    start = time.monotonic()
+    while True:
+        b0, t0 = host_cpu()
+        await asyncio.sleep(5.0)
+        b1, t1 = host_cpu()
+        busy = 100.0 * (b1 - b0) / max(t1 - t0, 1e-9)
+        waited = time.monotonic() - start
+        if busy < pct:
+            return True, round(waited, 1)
+        if waited + 30.0 > limit:
+            print(f"serve.py: the CPUs are still {busy:.0f}% busy after {waited:.0f} s; "
+                  "measuring anyway", file=sys.stderr)
+            return False, round(waited, 1)
+        print(f"serve.py: the CPUs are {busy:.0f}% busy (want < {pct:g}%); waiting",
+              file=sys.stderr)
+        await asyncio.sleep(25.0)
 
 
 async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Result:
@@ -271,6 +358,12 @@ async def run(args) -> dict:
             if not w.ok:
                 print(f"serve.py: warm-up request failed: {w.error}", file=sys.stderr)
 
+        quiet, quiet_waited = True, 0.0
+        if args.quiet_pct > 0:
+            quiet, quiet_waited = await wait_quiet(args.quiet_pct, args.quiet_wait)
+        load_1m = os.getloadavg()[0]
+        host0, server0, client0 = host_cpu(), tree_cpu(args.server_pid), own_cpu()
+
         sem = asyncio.Semaphore(args.concurrency) if args.concurrency else None
 
         async def limited(p: list[int]) -> Result:
@@ -287,6 +380,7 @@ async def run(args) -> dict:
             if args.rate > 0 and i + 1 < len(measured):
                 await asyncio.sleep(rng.expovariate(args.rate))
         results = await asyncio.gather(*tasks)
+        host1, server1, client1 = host_cpu(), tree_cpu(args.server_pid), own_cpu()
 
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
@@ -316,6 +410,17 @@ async def run(args) -> dict:
     line.update(percentiles(tpots, 1000.0, "tpot", "ms"))
     line.update(percentiles([x for r in ok for x in r.itl], 1000.0, "itl", "ms"))
     line.update(percentiles([r.e2e for r in ok], 1.0, "e2e", "s"))
+    # What else ran in the span: all CPUs' busy time less the server's and this client's.
+    host_busy, host_total = host1[0] - host0[0], host1[1] - host0[1]
+    server_cpu, client_cpu = server1 - server0, client1 - client0
+    line["load_1m"] = round(load_1m, 2)
+    line["quiet"] = quiet
+    line["quiet_wait_s"] = quiet_waited
+    line["host_busy_pct"] = round(100.0 * host_busy / max(host_total, 1e-9), 1)
+    line["client_cpu_s"] = round(client_cpu, 2)
+    line["server_cpu_s"] = round(server_cpu, 2) if args.server_pid else None
+    line["others_cpu_pct"] = (round(100.0 * max(host_busy - server_cpu - client_cpu, 0.0)
+                                    / max(host_total, 1e-9), 1) if args.server_pid else None)
     if failed:
         line["errors"] = sorted({r.error for r in failed})[:5]
     return line
