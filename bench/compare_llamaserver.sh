@@ -8,7 +8,8 @@
 # it only Tripod runs.
 #   [LLAMA_SERVER=/path/to/llama-server] [THREADS=cores] [TRIPOD_THREADS=] [MODEL=...gguf] \
 #     [TRIPOD=build/release/tripod] [PORT=18400] [TTFT_PROMPTS=8] [AIPERF=path|off] \
-#     [LLAMA_SERVER_FLAGS="..."] [QUIET_PCT=10] [QUIET_WAIT=600] bench/compare_llamaserver.sh
+#     [LLAMA_SERVER_FLAGS="..."] [QUIET_PCT=10] [QUIET_WAIT=600] [AIPERF_NICE=19] \
+#     bench/compare_llamaserver.sh
 # Workloads:
 #   c16_p512_o128  16 requests at once, 512-token prompts, 128 output tokens each (ignore_eos):
 #                  output tokens/s, TTFT, TPOT. llama-server: -np 16 and 16 x (512+128+64) tokens
@@ -21,7 +22,10 @@
 # decode worker); run it under `taskset -c` to give both fewer cores. TRIPOD_THREADS=N passes
 # --threads N (N threads in each worker, sharing the cores) instead.
 # AIPerf: AIPERF=/path/to/aiperf, or by default build/aiperf-venv/bin/aiperf, installed there on
-# first use from scripts/requirements-bench.txt (PyPI, about 1.2 GB; scripts/setup does not);
+# first use from scripts/requirements-bench.txt (PyPI, about 1.2 GB; scripts/setup does not). It
+# runs at nice AIPERF_NICE (19): its processes poll, and at normal priority they took 0.65 of a core
+# from llama-server's 2 (ttft_p2048 on quiet CPUs: TTFT p50 10.2 s and TPOT 37 ms by AIPerf, 5.4 s
+# and 11.4 ms by serve.py); niced, 5.45 s and 11.7 ms. serve.py's client needs 0.01 of a core.
 # AIPERF=off measures with bench/serve.py only. In its lines output_tok_s is AIPerf's output token
 # throughput, ttft its time to first token, tpot_p50_ms the median of its per-request inter-token
 # latency ((E2E - TTFT) / (tokens - 1), as serve.py's TPOT), prompt_tokens and output_tokens the
@@ -47,6 +51,7 @@ port=${PORT:-18400}
 ttft_prompts=${TTFT_PROMPTS:-8}
 quiet_pct=${QUIET_PCT:-10}
 quiet_wait=${QUIET_WAIT:-600}
+aiperf_nice=${AIPERF_NICE:-19}
 read -r -a llama_flags <<<"${LLAMA_SERVER_FLAGS:-}"
 python=build/venv/bin/python
 aiperf=${AIPERF:-build/aiperf-venv/bin/aiperf}
@@ -57,9 +62,9 @@ for v in "$threads" "$port" "$ttft_prompts"; do
     exit 2
   fi
 done
-for v in "$quiet_pct" "$quiet_wait"; do
+for v in "$quiet_pct" "$quiet_wait" "$aiperf_nice"; do
   if ! [[ "$v" =~ ^[0-9]+$ ]]; then
-    echo "compare_llamaserver: QUIET_PCT and QUIET_WAIT must be integers >= 0" >&2
+    echo "compare_llamaserver: QUIET_PCT, QUIET_WAIT and AIPERF_NICE must be integers >= 0" >&2
     exit 2
   fi
 done
@@ -225,7 +230,7 @@ with urllib.request.urlopen(sys.argv[1] + "/v1/models", timeout=30) as r:
   load=$(cut -d' ' -f1 /proc/loadavg)
   cpu0=$("$python" -c 'import sys; sys.path.insert(0, "bench"); import serve
 print(*serve.host_cpu(), serve.tree_cpu([int(sys.argv[1])]))' "$server_pid")
-  if ! HF_HUB_DISABLE_TELEMETRY=1 /usr/bin/time -f "%U %S" -o "$dir.cpu" "$aiperf" profile \
+  if ! HF_HUB_DISABLE_TELEMETRY=1 /usr/bin/time -f "%U %S" -o "$dir.cpu" nice -n "$aiperf_nice" "$aiperf" profile \
     --model "$name" --url "http://127.0.0.1:$server_port" --endpoint-type completions \
     --streaming --tokenizer "$tmp/tokenizer" --isl "$isl" --isl-stddev 0 --osl "$osl" \
     --extra-inputs ignore_eos:true --extra-inputs temperature:0 --concurrency "$conc" \
