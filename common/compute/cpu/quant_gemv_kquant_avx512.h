@@ -289,30 +289,6 @@ inline void RowsBf16KT(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_
   RowsK512T<T>(w, xa, y, ldy, j0, j1, StepKBf16<T, 4>, StepKBf16<T, 1>);
 }
 
-// Dispatch by type; false for the types these kernels do not take.
-template <class F>
-inline bool ForKType(GgmlType t, F&& f) {
-  switch (t) {
-    case GgmlType::kQ4_K:
-      f(std::integral_constant<GgmlType, GgmlType::kQ4_K>{});
-      return true;
-    case GgmlType::kQ5_K:
-      f(std::integral_constant<GgmlType, GgmlType::kQ5_K>{});
-      return true;
-    case GgmlType::kQ6_K:
-      f(std::integral_constant<GgmlType, GgmlType::kQ6_K>{});
-      return true;
-    case GgmlType::kQ5_0:
-      f(std::integral_constant<GgmlType, GgmlType::kQ5_0>{});
-      return true;
-    case GgmlType::kQ5_1:
-      f(std::integral_constant<GgmlType, GgmlType::kQ5_1>{});
-      return true;
-    default:
-      return false;
-  }
-}
-
 inline bool RowsInt16K512(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy,
                           int64_t j0, int64_t j1) {
   if (w.interleave != 1) return false;

@@ -283,30 +283,37 @@ void RowsK16T(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, i
   for (; j < j1; ++j) OuterStepK16<Isa, T, 1>(base + j * rb, rb, xa, y + j, ldy);
 }
 
+// f(integral_constant<GgmlType, T>) for the types these kernels take; false for the others.
+template <class F>
+inline bool ForKType(GgmlType t, F&& f) {
+  switch (t) {
+    case GgmlType::kQ4_K:
+      f(std::integral_constant<GgmlType, GgmlType::kQ4_K>{});
+      return true;
+    case GgmlType::kQ5_K:
+      f(std::integral_constant<GgmlType, GgmlType::kQ5_K>{});
+      return true;
+    case GgmlType::kQ6_K:
+      f(std::integral_constant<GgmlType, GgmlType::kQ6_K>{});
+      return true;
+    case GgmlType::kQ5_0:
+      f(std::integral_constant<GgmlType, GgmlType::kQ5_0>{});
+      return true;
+    case GgmlType::kQ5_1:
+      f(std::integral_constant<GgmlType, GgmlType::kQ5_1>{});
+      return true;
+    default:
+      return false;
+  }
+}
+
 // The int16 entry point for these types (GGUF layout only); false for the others.
 template <class Isa>
 bool RowsInt16KImpl(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                     int64_t j1) {
   if (w.interleave != 1) return false;
-  switch (w.type) {
-    case GgmlType::kQ4_K:
-      RowsK16T<Isa, GgmlType::kQ4_K>(w, xa, y, ldy, j0, j1);
-      return true;
-    case GgmlType::kQ5_K:
-      RowsK16T<Isa, GgmlType::kQ5_K>(w, xa, y, ldy, j0, j1);
-      return true;
-    case GgmlType::kQ6_K:
-      RowsK16T<Isa, GgmlType::kQ6_K>(w, xa, y, ldy, j0, j1);
-      return true;
-    case GgmlType::kQ5_0:
-      RowsK16T<Isa, GgmlType::kQ5_0>(w, xa, y, ldy, j0, j1);
-      return true;
-    case GgmlType::kQ5_1:
-      RowsK16T<Isa, GgmlType::kQ5_1>(w, xa, y, ldy, j0, j1);
-      return true;
-    default:
-      return false;
-  }
+  return ForKType(w.type,
+                  [&](auto t) { RowsK16T<Isa, decltype(t)::value>(w, xa, y, ldy, j0, j1); });
 }
 
 // Row j of w as fp32 values d * w + mn (the prefill GEMM's tiles): the K-quants, Q5_0 and Q5_1
@@ -365,23 +372,11 @@ inline void DequantRowBlockT(const QuantMatrix& w, int64_t j, float* out) {
 inline bool DequantRowImpl(const QuantMatrix& w, int64_t j, float* out) {
   const uint8_t* row = static_cast<const uint8_t*>(w.data) + j * w.row_bytes;
   const int64_t nb = w.k / 32;
-  if (IsIntBlockType(w.type) && w.interleave != 1) return false;
+  if (IsIntBlockType(w.type)) {
+    return w.interleave == 1 &&
+           ForKType(w.type, [&](auto t) { DequantRowKT<decltype(t)::value>(row, nb, out); });
+  }
   switch (w.type) {
-    case GgmlType::kQ4_K:
-      DequantRowKT<GgmlType::kQ4_K>(row, nb, out);
-      return true;
-    case GgmlType::kQ5_K:
-      DequantRowKT<GgmlType::kQ5_K>(row, nb, out);
-      return true;
-    case GgmlType::kQ6_K:
-      DequantRowKT<GgmlType::kQ6_K>(row, nb, out);
-      return true;
-    case GgmlType::kQ5_0:
-      DequantRowKT<GgmlType::kQ5_0>(row, nb, out);
-      return true;
-    case GgmlType::kQ5_1:
-      DequantRowKT<GgmlType::kQ5_1>(row, nb, out);
-      return true;
     case GgmlType::kQ4_0:
       DequantRowBlockT<GgmlType::kQ4_0>(w, j, out);
       return true;
@@ -434,31 +429,12 @@ inline bool RowsF32TileKImpl(const QuantMatrix& w, const F32TileAct& xa, float* 
                              int64_t j0, int64_t j1) {
   if (!IsIntBlockType(w.type) || w.interleave != 1) return false;
   const uint8_t* base = static_cast<const uint8_t*>(w.data);
-  auto run = [&](auto t) {
+  return ForKType(w.type, [&](auto t) {
     constexpr GgmlType T = decltype(t)::value;
     TileRowsWith(w, xa, y, ldy, j0, j1, [&](int64_t row, int64_t b0, int cnt, float* out) {
       DequantRunK<T>(base + row * w.row_bytes, b0, cnt, out);
     });
-  };
-  switch (w.type) {
-    case GgmlType::kQ4_K:
-      run(std::integral_constant<GgmlType, GgmlType::kQ4_K>{});
-      return true;
-    case GgmlType::kQ5_K:
-      run(std::integral_constant<GgmlType, GgmlType::kQ5_K>{});
-      return true;
-    case GgmlType::kQ6_K:
-      run(std::integral_constant<GgmlType, GgmlType::kQ6_K>{});
-      return true;
-    case GgmlType::kQ5_0:
-      run(std::integral_constant<GgmlType, GgmlType::kQ5_0>{});
-      return true;
-    case GgmlType::kQ5_1:
-      run(std::integral_constant<GgmlType, GgmlType::kQ5_1>{});
-      return true;
-    default:
-      return false;
-  }
+  });
 }
 
 }  // namespace
