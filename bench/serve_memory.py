@@ -12,7 +12,7 @@ for one host: mmap, -np 4), for the record.
 
   build/venv/bin/python bench/serve_memory.py --model qwen2.5-coder-1.5b-instruct
   build/venv/bin/python bench/serve_memory.py --model models/SmolLM2-135M-Instruct.Q4_1.gguf \\
-      --llama_server /tmp/llama.cpp/build/bin/llama-server
+      --llama_server <path to llama-server>
 
 The goal of the real-models issue: USS sum <= 1.5 x the GGUF's size + the KV pools the server
 reserves (the decode worker's --kv_budget_mb, reported beside it as kv_reserved_bytes).
