@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -331,6 +332,34 @@ void BenchGemv() {
   }
 }
 
+// Medians of 12 rounds, each the best of 2 reads and 2 passes taken in turn, so that the machine's
+// drift cancels in the ratio.
+struct Alternated {
+  double read_s, pass_s, share, share_q1, share_q3;
+};
+template <class Read, class Pass>
+Alternated Alternate(Read read, Pass pass) {
+  std::vector<double> share, reads, passes;
+  for (int round = 0; round < 12; ++round) {
+    double t_read = 1e30, t_pass = 1e30;
+    for (int i = 0; i < 2; ++i) {
+      double t0 = Now();
+      read();
+      t_read = std::min(t_read, Now() - t0);
+      t0 = Now();
+      pass();
+      t_pass = std::min(t_pass, Now() - t0);
+    }
+    share.push_back(t_read / t_pass);
+    reads.push_back(t_read);
+    passes.push_back(t_pass);
+  }
+  std::sort(share.begin(), share.end());
+  std::sort(reads.begin(), reads.end());
+  std::sort(passes.begin(), passes.end());
+  return {reads[6], passes[6], share[6], share[3], share[9]};
+}
+
 // A real model's decode pass (--what=modelpass --model M): its matrices as the CPU backend reads
 // them (in place from the mapping, Q|K|V and gate|up stacked; Q4_0/Q4_1/Q8_0 interleaved copies
 // as the backend makes), each layer in decode order, then the head; against a plain read of the
@@ -389,8 +418,8 @@ void BenchModelPass() {
   std::vector<float> x(4 * max_k), y(4 * max_n);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   std::atomic<uint64_t> sink{0};
-  auto read_pass = [&] {
-    for (const auto& c : calls) {
+  auto read_calls = [&](const std::vector<std::vector<QuantPart>>& cs) {
+    for (const auto& c : cs) {
       for (const QuantPart& p : c) {
         const int64_t words = p.q.n * p.q.row_bytes / 8;
         const auto* b0 = static_cast<const uint8_t*>(p.q.data);
@@ -405,40 +434,61 @@ void BenchModelPass() {
       }
     }
   };
+  auto read_pass = [&] { read_calls(calls); };
+  // Per weight type: that type's matrices alone (each its own call), int16 and int8 at m = 1,
+  // against a read of the same bytes: which type keeps the pass from the floor.
+  std::map<GgmlType, std::vector<std::vector<QuantPart>>> by_type;
+  for (const auto& c : calls) {
+    for (const QuantPart& p : c) by_type[p.q.type].push_back({QuantPart{p.q, 0}});
+  }
+  if (by_type.size() > 1) {
+    std::printf("\n## Decode pass by weight type (m = 1), alternated with a read\n\n");
+    std::printf("| type | mode | MB | read GB/s | pass GB/s | share (median) |\n");
+    std::printf("|---|---|---:|---:|---:|---:|\n");
+    for (const auto& [type, tcalls] : by_type) {
+      for (GemvMode tmode : {GemvMode::kInt16, GemvMode::kInt8}) {
+        int64_t tbytes = 0;
+        for (const auto& c : tcalls) tbytes += c[0].q.n * c[0].q.row_bytes;
+        const Alternated a =
+            Alternate([&] { read_calls(tcalls); },
+                      [&] {
+                        for (const auto& c : tcalls) {
+                          QuantGemm(c, x.data(), 1, max_k, y.data(), max_n, tmode, false);
+                        }
+                      });
+        std::printf("| %s | %s | %.1f | %.1f | %.1f | %.3f |\n",
+                    std::string(TypeInfo(type).name).c_str(), GemvModeName(tmode), tbytes / 1e6,
+                    tbytes / a.read_s / 1e9, tbytes / a.pass_s / 1e9, a.share);
+        std::printf(
+            "{\"bench\":\"kernels_modelpass_type\",\"model\":\"%s\",\"type\":\"%s\",\"mode\":\"%"
+            "s\","
+            "\"threads\":%d,\"bytes\":%lld,\"read_gbs\":%.2f,\"pass_gbs\":%.2f,"
+            "\"share_median\":%.3f}\n",
+            path->c_str(), std::string(TypeInfo(type).name).c_str(), GemvModeName(tmode),
+            ComputeThreads(), static_cast<long long>(tbytes), tbytes / a.read_s / 1e9,
+            tbytes / a.pass_s / 1e9, a.share);
+        std::fflush(stdout);
+      }
+    }
+  }
   std::printf("\n## Decode pass of %s (%.1f MB a token) against a plain read, alternated\n\n",
               path->c_str(), bytes / 1e6);
   std::printf("| mode | m | read GB/s | pass GB/s | floor tok/s | pass tok/s | share (median) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
-  for (const auto& [mode, m] : {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kBf16, 4}}) {
-    std::vector<double> share, reads, passes;
-    for (int round = 0; round < 12; ++round) {
-      double t_read = 1e30, t_pass = 1e30;
-      for (int i = 0; i < 2; ++i) {
-        double t0 = Now();
-        read_pass();
-        t_read = std::min(t_read, Now() - t0);
-        t0 = Now();
-        for (const auto& c : calls) {
-          QuantGemm(c, x.data(), m, max_k, y.data(), max_n, mode, false);
-        }
-        t_pass = std::min(t_pass, Now() - t0);
-      }
-      share.push_back(t_read / t_pass);
-      reads.push_back(t_read);
-      passes.push_back(t_pass);
-    }
-    std::sort(share.begin(), share.end());
-    std::sort(reads.begin(), reads.end());
-    std::sort(passes.begin(), passes.end());
-    const double tr = reads[6], tp = passes[6];
+  for (const auto& [mode, m] : {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kInt8, 1},
+                                std::pair{GemvMode::kBf16, 4}}) {
+    const Alternated a = Alternate(read_pass, [&] {
+      for (const auto& c : calls) QuantGemm(c, x.data(), m, max_k, y.data(), max_n, mode, false);
+    });
+    const double tr = a.read_s, tp = a.pass_s;
     std::printf("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.3f |\n", GemvModeName(mode), m,
-                bytes / tr / 1e9, bytes / tp / 1e9, 1 / tr, 1 / tp, share[6]);
+                bytes / tr / 1e9, bytes / tp / 1e9, 1 / tr, 1 / tp, a.share);
     std::printf(
         "{\"bench\":\"kernels_modelpass\",\"model\":\"%s\",\"mode\":\"%s\",\"m\":%d,"
         "\"threads\":%d,\"bytes\":%lld,\"read_gbs\":%.2f,\"pass_gbs\":%.2f,\"floor_tok_s\":%.2f,"
         "\"pass_tok_s\":%.2f,\"share_median\":%.3f,\"share_q1\":%.3f,\"share_q3\":%.3f}\n",
         path->c_str(), GemvModeName(mode), m, ComputeThreads(), static_cast<long long>(bytes),
-        bytes / tr / 1e9, bytes / tp / 1e9, 1 / tr, 1 / tp, share[6], share[3], share[9]);
+        bytes / tr / 1e9, bytes / tp / 1e9, 1 / tr, 1 / tp, a.share, a.share_q1, a.share_q3);
     std::fflush(stdout);
   }
 }

@@ -278,10 +278,12 @@ void IntBlockOf(GgmlType t, const uint8_t* row, int64_t s, int32_t* w, float* d,
   }
 }
 
-// The int16 reference for those types: per x block the exact integer dot with x's int16 values
-// times d * d_x, plus mn times x's exact fp32 block sum.
-bool RowsInt16KRef(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
-                   int64_t j1) {
+// The int8 and int16 reference for those types: per x block the exact integer dot with x's
+// quantised values times d * d_x, plus mn times the x block sums the mode pairs it with (int8:
+// d_x * sum(q_x); int16: the exact fp32 sums).
+template <class Act>
+bool RowsIntKRef(const QuantMatrix& w, const Act& xa, const float* side_sum, float* y, int64_t ldy,
+                 int64_t j0, int64_t j1) {
   if (!IsIntBlockType(w.type) || w.interleave != 1) return false;
   int32_t wi[32];
   for (int64_t j = j0; j < j1; ++j) {
@@ -291,11 +293,11 @@ bool RowsInt16KRef(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t l
       for (int64_t b = 0; b < xa.nb; ++b) {
         float d, mn;
         IntBlockOf(w.type, row, b, wi, &d, &mn);
-        const int16_t* xb = xa.q + i * xa.k + b * 32;
+        const auto* xb = xa.q + i * xa.k + b * 32;
         int64_t dot = 0;
         for (int t = 0; t < 32; ++t) dot += int64_t{wi[t]} * xb[t];
         s += d * xa.scale[i * xa.nb + b] * static_cast<float>(dot);
-        s += mn * xa.bsum[i * xa.nb + b];
+        s += mn * side_sum[i * xa.nb + b];
       }
       y[i * ldy + j] = s;
     }
@@ -307,12 +309,13 @@ bool RowsInt16KRef(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t l
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1) {
-  return RowsIntRef(w, xa.q, xa.scale, xa.sum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
+  return RowsIntKRef(w, xa, xa.sum, y, ldy, j0, j1) ||
+         RowsIntRef(w, xa.q, xa.scale, xa.sum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
 }
 
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  return RowsInt16KRef(w, xa, y, ldy, j0, j1) ||
+  return RowsIntKRef(w, xa, xa.bsum, y, ldy, j0, j1) ||
          RowsIntRef(w, xa.q, xa.scale, xa.bsum, xa.m, xa.k, xa.nb, y, ldy, j0, j1);
 }
 
@@ -444,6 +447,23 @@ void QuantGemm(const QuantMatrix& w, const float* x, int m, int64_t ldx, float* 
   QuantGemm(std::span<const QuantPart>(&part, 1), x, m, ldx, y, ldy, mode, false);
 }
 
+namespace {
+
+// The plain sums of each 16 of n integers (n a multiple of 16), as floats (exact: at most
+// 16 * 32767): Q6_K's offset term.
+template <class Q>
+const float* SumsOf16(const Q* q, int64_t n, std::vector<float>& out) {
+  out.resize(n / 16);
+  for (int64_t h = 0; h < n / 16; ++h) {
+    int s = 0;
+    for (int t = 0; t < 16; ++t) s += q[h * 16 + t];
+    out[h] = static_cast<float>(s);
+  }
+  return out.data();
+}
+
+}  // namespace
+
 void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t ldx, float* y,
                int64_t ldy, GemvMode mode, bool accumulate) {
   if (m <= 0 || parts.empty()) return;
@@ -462,7 +482,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   }
   Path path[kMaxParts];
   bool need_bf16 = false, need_int8 = false, need_int16 = false, need_bsum = false,
-       need_tile = false;
+       need_tile = false, need_sum16 = false, need_pair16 = false;
   for (size_t p = 0; p < parts.size(); ++p) {
     const QuantMatrix& w = parts[p].q;
     if (w.n <= 0) {
@@ -481,17 +501,22 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     const bool block_type =
         w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1 || w.type == GgmlType::kQ8_0;
     const bool q4 = w.type == GgmlType::kQ4_0 || w.type == GgmlType::kQ4_1;
-    // K-quants, Q5_0 and Q5_1: int16 kernels in the int8 and int16 modes (and bf16 below its
-    // rows or without its hardware), the tile kernel in kF32Tile (fp32 without AVX2).
+    // K-quants, Q5_0 and Q5_1: int8 kernels in the int8 mode where they exist, int16 kernels in
+    // the int16 mode (and in int8 on AVX2, and bf16 below its rows or without its hardware), the
+    // tile kernel in kF32Tile (fp32 without AVX2). Float weights have nothing to gain from integer
+    // x: kF32.
     const bool int_block = qgemv::IsIntBlockType(w.type);
-    // Float weights have nothing to gain from int8 x, K-quants have no int8 kernel: both kF32.
     if (mode == GemvMode::kBf16 && m >= kBf16MinRows && (block_type || int_block) &&
         isa >= IsaLevel::kAvx512 && GetCpuFeatures().avx512bf16) {
       path[p] = Path::kBf16;
       need_bf16 = true;
-    } else if (mode == GemvMode::kInt8 && block_type) {
+    } else if (mode == GemvMode::kInt8 &&
+               (block_type ||
+                (int_block && (isa >= IsaLevel::kAvx512 || isa == IsaLevel::kScalar)))) {
+      // K-quants, Q5_0 and Q5_1 have int8 kernels on AVX-512 (VNNI) and the scalar reference.
       path[p] = Path::kInt8;
       need_int8 = true;
+      need_sum16 |= w.type == GgmlType::kQ6_K;
     } else if (mode == GemvMode::kF32Tile && (block_type || int_block) && isa >= IsaLevel::kAvx2) {
       path[p] = Path::kF32Tile;
       need_tile = true;
@@ -500,6 +525,8 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
       path[p] = Path::kInt16;
       need_int16 = true;
       need_bsum |= q4 || int_block;
+      need_pair16 |= int_block && isa >= IsaLevel::kAvx512;
+      need_sum16 |= w.type == GgmlType::kQ6_K;
     } else {
       path[p] = Path::kF32;
       need_bsum |= q4 && isa >= IsaLevel::kAvx2;
@@ -509,8 +536,8 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
   // x prepared once per call (m * k values) by the calling thread, shared by all threads and
   // parts.
   thread_local std::vector<int8_t> xq;
-  thread_local std::vector<int16_t> xq16;
-  thread_local std::vector<float> xs, xsum, bsum;
+  thread_local std::vector<int16_t> xq16, xq16p;
+  thread_local std::vector<float> xs, xsum, xsum16, bsum;
   thread_local std::vector<uint16_t> xb;
   thread_local std::vector<float> xt;
   qgemv::Int8Act xa8;
@@ -544,6 +571,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
       qgemv::scalar::QuantizeActInt8(x, m, ldx, k, xq.data(), xs.data(), xsum.data());
     }
     xa8 = {xq.data(), xs.data(), xsum.data(), m, k, nb};
+    if (need_sum16) xa8.sum16 = SumsOf16(xq.data(), m * k, xsum16);
   }
   if (need_bsum) {
     bsum.resize(static_cast<size_t>(m) * nb);
@@ -567,6 +595,13 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
       qgemv::scalar::QuantizeActInt16(x, m, ldx, k, xq16.data(), xs.data());
     }
     xa16 = {xq16.data(), xs.data(), need_bsum ? bsum.data() : nullptr, m, k, nb};
+    if (need_pair16) {
+      xa16.kp = (k + 63) / 64 * 64;
+      xq16p.resize(static_cast<size_t>(m) * xa16.kp);
+      qgemv::avx512::PairOrderInt16(xq16.data(), m, k, xq16p.data(), xa16.kp);
+      xa16.qp = xq16p.data();
+    }
+    if (need_sum16) xa16.sum16 = SumsOf16(xq16.data(), m * k, xsum16);
   }
   // With accumulate the kernels write a scratch [m][n_total], which the same work unit then
   // adds into y.

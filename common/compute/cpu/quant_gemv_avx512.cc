@@ -29,6 +29,7 @@ struct Isa {
 #include "common/compute/cpu/quant_gemv_kernels.h"
 #include "common/compute/cpu/quant_gemv_kquant_avx512.h"
 #include "common/compute/cpu/quant_gemv_kquant_kernels.h"
+#include "common/compute/cpu/quant_gemv_kquant_vnni_avx512.h"
 
 namespace tripod::qgemv::avx512 {
 
@@ -57,7 +58,8 @@ bool RowsF32(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, int6
 
 bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, int64_t j0,
               int64_t j1) {
-  return RowsIntImpl<Isa, Dot::kInt8>(w, xa, y, ldy, j0, j1);
+  return RowsKV512<Int8Side>(w, xa, y, ldy, j0, j1) ||
+         RowsIntImpl<Isa, Dot::kInt8>(w, xa, y, ldy, j0, j1);
 }
 
 void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale) {
@@ -66,8 +68,13 @@ void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q,
 
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1) {
-  return RowsInt16K512(w, xa, y, ldy, j0, j1) ||
-         RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
+  if (IsIntBlockType(w.type))
+    return xa.qp != nullptr && RowsKV512<Int16Side>(w, xa, y, ldy, j0, j1);
+  return RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
+}
+
+void PairOrderInt16(const int16_t* q, int m, int64_t k, int16_t* qp, int64_t kp) {
+  qgemv::PairOrderInt16(q, m, k, qp, kp);
 }
 
 bool DequantRow(const QuantMatrix& w, int64_t j, float* out) { return DequantRowImpl(w, j, out); }

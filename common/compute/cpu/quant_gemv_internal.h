@@ -24,6 +24,8 @@ struct F32Act {
 // x quantised for the int8 path: row i has k int8 values at q + i * k; per 32-element block b,
 // scale[i * nb + b] = d_x and sum[i * nb + b] = d_x * (sum of the block's int8 values), the term
 // that Q4_0's offset and Q4_1's minimum multiply.
+// sum16[i * 2 nb + 2 b + h] is the plain sum of the int8 values of half h of block b (Q6_K's
+// offset term; only set where a Q6_K matrix takes the int8 path).
 struct Int8Act {
   const int8_t* q = nullptr;
   const float* scale = nullptr;
@@ -31,11 +33,15 @@ struct Int8Act {
   int m = 0;
   int64_t k = 0;
   int64_t nb = 0;
+  const float* sum16 = nullptr;
 };
 
 // x quantised for the int16 path: row i has k int16 values at q + i * k; per 32-element block
 // b, scale[i * nb + b] = d_x, and bsum[i * nb + b] the exact fp32 sum of the block's x values (as
 // F32Act's).
+// The AVX-512 kernels of the K-quants, Q5_0 and Q5_1 read x from qp instead: row i at qp + i * kp,
+// kp = k rounded up to 64, each 64 values in their pair order (avx512::PairOrderInt16); and Q6_K's
+// from sum16 too (as Int8Act's, of the int16 values).
 struct Int16Act {
   const int16_t* q = nullptr;
   const float* scale = nullptr;
@@ -43,6 +49,9 @@ struct Int16Act {
   int m = 0;
   int64_t k = 0;
   int64_t nb = 0;
+  const int16_t* qp = nullptr;
+  int64_t kp = 0;
+  const float* sum16 = nullptr;
 };
 
 // x for the fp32 tile path: its rows in groups of 16 (the last padded with zero rows), each group
@@ -70,8 +79,10 @@ struct Bf16Act {
 //  BlockSums: the F32Act block sums of m rows (k a multiple of 32), m * (k / 32) floats.
 //  RowsF32 / RowsInt8 / RowsInt16: output rows [j0, j1) of y = x * W^T. F32 kernels take any
 //    supported type (scalar: every type DequantizeRow knows); Int8 and Int16 kernels take Q4_0,
-//    Q4_1 and Q8_0 only. Each returns false if it does not handle w.type. The AVX2 and AVX-512
-//    Int16 kernels give the same bits (exact integer dots, the same fp32 steps).
+//    Q4_1 and Q8_0, and the K-quants, Q5_0 and Q5_1 (int8: the scalar and AVX-512 files only;
+//    the dispatcher runs those types in int16 on AVX2). Each returns false if it does not handle
+//    w.type. The AVX2 and AVX-512 Int16 kernels give the same bits (exact integer dots, the same
+//    fp32 steps).
 namespace scalar {
 void QuantizeActInt8(const float* x, int m, int64_t ldx, int64_t k, int8_t* q, float* scale,
                      float* sum);
@@ -120,6 +131,8 @@ bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, in
 void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale);
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1);
+// Int16Act::qp from q: m rows of k values into rows of kp (k rounded up to 64) in pair order.
+void PairOrderInt16(const int16_t* q, int m, int64_t k, int16_t* qp, int64_t kp);
 // The bf16 path (quant_gemv_bf16_avx512.cc; AVX512_BF16 only): m rows of k floats rounded to
 // bf16 (nearest even; subnormals flush to zero), and output rows [j0, j1) for Q4_0, Q4_1 and
 // Q8_0 weights (false for other types).

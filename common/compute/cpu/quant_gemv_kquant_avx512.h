@@ -1,14 +1,11 @@
-// 512-bit kernels for the K-quants, Q5_0 and Q5_1 (GGUF layout, read in place), included only by
-// quant_gemv_avx512.cc after quant_gemv_kquant_kernels.h, whose per-type runs and scales they use:
-//  - int16 mode: an x block's 32 weights widened to int16 in one zmm (vpmovzxbw of the block's
-//    bytes, then its nibble or bits), one vpdpwssd against x's 32 int16 values, one conversion and
-//    one FMA with d_s * d_x. Half the instructions of the 256-bit kernel per weight, which on 2
-//    threads could not keep up with DRAM (62 % of a plain read of the 1.5B's decode pass on Zen 5).
+// 512-bit bf16 kernels for the K-quants, Q5_0 and Q5_1 (GGUF layout, read in place), and the row
+// loop the integer kernels of quant_gemv_kquant_vnni_avx512.h share; included only by
+// quant_gemv_avx512.cc after quant_gemv_kquant_kernels.h, whose per-type runs and scales they use.
 //  - bf16 mode (4 x rows and more, AVX512_BF16): each block dequantised once to bf16 in registers
 //    (d * w + mn in fp32, the reference dequantiser's two roundings, then rounded to nearest even:
 //    the bf16 GEMM's weights) and multiplied against every x row of the group by vpdpbf16ps,
 //    32 products an instruction with fp32 accumulation; no per-block conversion per x row.
-// Both keep one accumulator per (weight row, x row) over the blocks in order, so a row's result
+// It keeps one accumulator per (weight row, x row) over the blocks in order, so a row's result
 // does not depend on the other rows of the call (batch invariance).
 #pragma once
 
@@ -71,77 +68,6 @@ inline __m512i Weights512(const uint8_t* run) {
   }
 }
 
-// The per-run scale table of GroupK16's, and the minima against x's block sums, folded into the
-// zmm accumulators' low half.
-template <GgmlType T, int R, int MG>
-inline void RunScales512(const uint8_t* run0, int64_t rs, int nc, const float* xs,
-                         const float* bsum, int64_t nb, int64_t b0, float (&sc)[R][MG][kIlRun],
-                         __m512 (&acc)[R][MG]) {
-  using K = KTraits<T>;
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r) {
-    const uint8_t* run = run0 + r * rs;
-    _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 128), _MM_HINT_T0);
-    if constexpr (K::kBlockBytes > 192) {
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 192), _MM_HINT_T0);
-    }
-    __m256 d, mn;
-    K::Scales(run, nc, &d, &mn);
-#pragma GCC unroll 4
-    for (int i = 0; i < MG; ++i) {
-      const int64_t o = i * nb + b0;
-      _mm256_store_ps(sc[r][i], _mm256_mul_ps(d, LoadUpTo8(xs + o, nc)));
-      if constexpr (K::kMin) {
-        acc[r][i] = _mm512_add_ps(
-            acc[r][i], _mm512_zextps256_ps512(_mm256_mul_ps(mn, LoadUpTo8(bsum + o, nc))));
-      }
-    }
-  }
-}
-
-template <GgmlType T, int R, int MG>
-inline void GroupK16x512(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0, float* y,
-                         int64_t ldy) {
-  using K = KTraits<T>;
-  const int64_t nb = xa.nb;
-  __m512 acc[R][MG];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < MG; ++i) acc[r][i] = _mm512_setzero_ps();
-  alignas(32) float sc[R][MG][kIlRun];
-  const int16_t* xq = xa.q + i0 * xa.k;
-  const float* xs = xa.scale + i0 * nb;
-  const float* bsum = K::kMin ? xa.bsum + i0 * nb : nullptr;
-  for (int64_t b0 = 0; b0 < nb; b0 += kIlRun) {
-    const int nc = static_cast<int>(std::min<int64_t>(kIlRun, nb - b0));
-    const uint8_t* run0 = K::Run(row0, b0);
-    RunScales512<T, R, MG>(run0, rs, nc, xs, bsum, nb, b0, sc, acc);
-    ForBlocks(nc, [&](auto s) {
-      constexpr int S = decltype(s)::value;
-      __m512i xv[MG];
-#pragma GCC unroll 4
-      for (int i = 0; i < MG; ++i) xv[i] = _mm512_loadu_si512(xq + i * xa.k + (b0 + S) * 32);
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        const __m512i w = Weights512<T, S>(run0 + r * rs);
-#pragma GCC unroll 4
-        for (int i = 0; i < MG; ++i) {
-          const __m512i dot = _mm512_dpwssd_epi32(_mm512_setzero_si512(), w, xv[i]);
-          acc[r][i] =
-              _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(sc[r][i][S]), acc[r][i]);
-        }
-      }
-    });
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int i = 0; i < MG; ++i) y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
-}
-
 // bf16 mode: weights to bf16 once per block, vpdpbf16ps against each x row.
 template <GgmlType T, int R, int MG>
 inline void GroupKBf16(const uint8_t* row0, int64_t rs, const Bf16Act& xa, int i0, float* y,
@@ -161,9 +87,7 @@ inline void GroupKBf16(const uint8_t* row0, int64_t rs, const Bf16Act& xa, int i
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* run = run0 + r * rs;
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 128), _MM_HINT_T0);
+      PrefetchRun<K::kBlockBytes>(run + kPrefetchBytes);
       __m256 d, mn;
       K::Scales(run, nc, &d, &mn);
       _mm256_store_ps(ds[r], d);
@@ -192,39 +116,6 @@ inline void GroupKBf16(const uint8_t* row0, int64_t rs, const Bf16Act& xa, int i
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 8
     for (int i = 0; i < MG; ++i) y[i * ldy + r] = _mm512_reduce_add_ps(acc[r][i]);
-}
-
-// Rows of one step (RN = 4 or 1) against every x row: int16 in groups of up to 4 x rows (4 weight
-// rows at 1-2 x rows, 2 at 3-4), bf16 in groups of up to 8 x rows with 2 weight rows.
-template <GgmlType T, int RN>
-inline void StepK16x512(const uint8_t* row0, int64_t rs, const Int16Act& xa, float* y,
-                        int64_t ldy) {
-  constexpr int R12 = std::min(RN, 4), R34 = std::min(RN, 2);
-  int i = 0;
-  for (; i + 4 <= xa.m; i += 4) {
-    for (int r = 0; r < RN; r += R34) {
-      GroupK16x512<T, R34, 4>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-    }
-  }
-  switch (xa.m - i) {
-    case 3:
-      for (int r = 0; r < RN; r += R34) {
-        GroupK16x512<T, R34, 3>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-      }
-      break;
-    case 2:
-      for (int r = 0; r < RN; r += R12) {
-        GroupK16x512<T, R12, 2>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-      }
-      break;
-    case 1:
-      for (int r = 0; r < RN; r += R12) {
-        GroupK16x512<T, R12, 1>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-      }
-      break;
-    default:
-      break;
-  }
 }
 
 template <GgmlType T, int RN, int MG>
@@ -278,22 +169,9 @@ inline void RowsK512T(const QuantMatrix& w, const Act& xa, float* y, int64_t ldy
 }
 
 template <GgmlType T>
-inline void RowsInt16K512T(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy,
-                           int64_t j0, int64_t j1) {
-  RowsK512T<T>(w, xa, y, ldy, j0, j1, StepK16x512<T, 4>, StepK16x512<T, 1>);
-}
-
-template <GgmlType T>
 inline void RowsBf16KT(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,
                        int64_t j1) {
   RowsK512T<T>(w, xa, y, ldy, j0, j1, StepKBf16<T, 4>, StepKBf16<T, 1>);
-}
-
-inline bool RowsInt16K512(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy,
-                          int64_t j0, int64_t j1) {
-  if (w.interleave != 1) return false;
-  return ForKType(w.type,
-                  [&](auto t) { RowsInt16K512T<decltype(t)::value>(w, xa, y, ldy, j0, j1); });
 }
 
 inline bool RowsBf16K(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0,

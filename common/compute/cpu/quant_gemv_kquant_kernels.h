@@ -178,6 +178,16 @@ inline void ForBlocks(int cnt, F&& f) {
   }
 }
 
+// The lines of a run at p, the run kPrefetchBytes (or another distance) ahead in a row's stream
+// (K-quant runs span 3-4 lines).
+template <int kRunBytes>
+inline void PrefetchRun(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + 64), _MM_HINT_T0);
+  _mm_prefetch(reinterpret_cast<const char*>(p + 128), _MM_HINT_T0);
+  if constexpr (kRunBytes > 192) _mm_prefetch(reinterpret_cast<const char*>(p + 192), _MM_HINT_T0);
+}
+
 // R weight rows (row0, rows rs bytes apart) against x rows i0 .. i0 + MG - 1.
 template <class Isa, GgmlType T, int R, int MG>
 inline void GroupK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0, float* y,
@@ -199,13 +209,7 @@ inline void GroupK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       const uint8_t* run = run0 + r * rs;
-      // The run kPrefetchBytes ahead in this row's stream (K-quant runs span 3-4 lines).
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 64), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 128), _MM_HINT_T0);
-      if constexpr (K::kBlockBytes > 192) {
-        _mm_prefetch(reinterpret_cast<const char*>(run + kPrefetchBytes + 192), _MM_HINT_T0);
-      }
+      PrefetchRun<K::kBlockBytes>(run + kPrefetchBytes);
       __m256 d, mn;
       K::Scales(run, nc, &d, &mn);
 #pragma GCC unroll 4
