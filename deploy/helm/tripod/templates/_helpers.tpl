@@ -28,6 +28,46 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
 
+{{/* The workers' image: with gpu.enabled one built with the CUDA backend, which the chart
+cannot know about unless told (the default image's workers refuse --backend cuda). */}}
+{{- define "tripod.workerImage" -}}
+{{- if .Values.gpu.enabled -}}
+{{- if not .Values.gpu.image.repository -}}
+{{- fail "gpu.enabled needs gpu.image.repository: an image built with the CUDA backend (deploy/Containerfile with --build-arg CUDA=ON, docs/deploy.md); the default image is a CPU build whose workers refuse --backend cuda" -}}
+{{- end -}}
+{{- printf "%s:%s" .Values.gpu.image.repository (.Values.gpu.image.tag | default .Chart.AppVersion) -}}
+{{- else -}}
+{{- include "tripod.image" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The worker roles this release runs (replicas, or an autoscaler), as JSON. */}}
+{{- define "tripod.workerRoles" -}}
+{{- $roles := list -}}
+{{- range $role := list "prefill" "decode" "draft" -}}
+{{- $w := index $.Values $role -}}
+{{- if or (gt (int $w.replicas) 0) $w.autoscaling.enabled -}}
+{{- $roles = append $roles $role -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $roles -}}
+{{- end -}}
+
+{{/* The data of a Secret already in the cluster, as JSON (base64 values), so that an upgrade
+keeps the keys and certificates the chart generated; "{}" under `helm template` and lint, where
+lookup sees no cluster. The argument: (list root name). */}}
+{{- define "tripod.existingSecretData" -}}
+{{- $root := index . 0 -}}
+{{- $found := lookup "v1" "Secret" $root.Release.Namespace (index . 1) -}}
+{{- dig "data" dict $found | toJson -}}
+{{- end -}}
+
+{{/* Whether the API takes keys: given, in an existing Secret, or generated (required). */}}
+{{- define "tripod.apiKeysOn" -}}
+{{- $a := .Values.apiKeys -}}
+{{- if or $a.existingSecret $a.keys $a.required }}true{{ end -}}
+{{- end -}}
+
 {{/* What --model says: a catalogue name, or the file in the volume. */}}
 {{- define "tripod.modelPath" -}}
 {{- .Values.model.name | default (printf "/models/%s" .Values.model.file) -}}
@@ -114,6 +154,9 @@ startupProbe:
 {{- end -}}
 
 {{- /* gRPC mutual TLS for one role: the flags, the mount and the volume ((list root role)). */ -}}
+{{- define "tripod.grpcTlsPrefix" -}}
+{{- .Values.grpcTls.secretPrefix | default (printf "%s-tls" (include "tripod.fullname" .)) -}}
+{{- end -}}
 {{- define "tripod.grpcTlsArgs" -}}
 {{- if (index . 0).Values.grpcTls.enabled }}
 - --tls_ca=/etc/tripod/tls/ca.crt
@@ -133,7 +176,7 @@ startupProbe:
 {{- if $root.Values.grpcTls.enabled }}
 - name: grpc-tls
   secret:
-    secretName: {{ $root.Values.grpcTls.secretPrefix | default (printf "%s-tls" (include "tripod.fullname" $root)) }}-{{ index . 1 }}
+    secretName: {{ include "tripod.grpcTlsPrefix" $root }}-{{ index . 1 }}
 {{- end }}
 {{- end -}}
 
