@@ -415,7 +415,7 @@ void BenchModelPass() {
     max_n = std::max(max_n, n);
   }
   std::mt19937_64 rng(1);
-  std::vector<float> x(4 * max_k), y(4 * max_n);
+  std::vector<float> x(16 * max_k), y(16 * max_n);
   for (auto& v : x) v = std::normal_distribution<float>()(rng);
   std::atomic<uint64_t> sink{0};
   auto read_calls = [&](const std::vector<std::vector<QuantPart>>& cs) {
@@ -476,7 +476,7 @@ void BenchModelPass() {
   std::printf("| mode | m | read GB/s | pass GB/s | floor tok/s | pass tok/s | share (median) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
   for (const auto& [mode, m] : {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kInt8, 1},
-                                std::pair{GemvMode::kBf16, 4}}) {
+                                std::pair{GemvMode::kBf16, 4}, std::pair{GemvMode::kBf16, 16}}) {
     const Alternated a = Alternate(read_pass, [&] {
       for (const auto& c : calls) QuantGemm(c, x.data(), m, max_k, y.data(), max_n, mode, false);
     });
