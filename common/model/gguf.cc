@@ -100,16 +100,11 @@ class Cursor {
                                                    " needs ", need, " bytes, ", left(), " left"));
   }
 
-  // Reads n scalars of type T and converts each to U.
-  template <typename T, typename U>
-  void ReadScalars(uint64_t n, std::vector<U>* out) {
-    out->resize(n);
-    for (uint64_t i = 0; i < n; ++i) {
-      T v{};
-      std::memcpy(&v, data_ + pos_ + i * sizeof(T), sizeof(T));
-      (*out)[i] = static_cast<U>(v);
-    }
-    pos_ += n * sizeof(T);
+  // Steps over bytes the caller has checked are there; returns where they start.
+  const uint8_t* Skip(uint64_t bytes) {
+    const uint8_t* p = data_ + pos_;
+    pos_ += bytes;
+    return p;
   }
 
  private:
@@ -205,48 +200,26 @@ absl::Status ReadArray(Cursor& c, int depth, absl::string_view what, GgufValue* 
     case GgufValueType::kUint8:
     case GgufValueType::kUint16:
     case GgufValueType::kUint32:
-    case GgufValueType::kUint64: {
-      std::vector<uint64_t> v;
-      if (et == GgufValueType::kUint8) c.ReadScalars<uint8_t>(n, &v);
-      if (et == GgufValueType::kUint16) c.ReadScalars<uint16_t>(n, &v);
-      if (et == GgufValueType::kUint32) c.ReadScalars<uint32_t>(n, &v);
-      if (et == GgufValueType::kUint64) c.ReadScalars<uint64_t>(n, &v);
-      out->v = std::move(v);
-      return absl::OkStatus();
-    }
+    case GgufValueType::kUint64:
     case GgufValueType::kInt8:
     case GgufValueType::kInt16:
     case GgufValueType::kInt32:
-    case GgufValueType::kInt64: {
-      std::vector<int64_t> v;
-      if (et == GgufValueType::kInt8) c.ReadScalars<int8_t>(n, &v);
-      if (et == GgufValueType::kInt16) c.ReadScalars<int16_t>(n, &v);
-      if (et == GgufValueType::kInt32) c.ReadScalars<int32_t>(n, &v);
-      if (et == GgufValueType::kInt64) c.ReadScalars<int64_t>(n, &v);
-      out->v = std::move(v);
-      return absl::OkStatus();
-    }
+    case GgufValueType::kInt64:
     case GgufValueType::kFloat32:
-    case GgufValueType::kFloat64: {
-      std::vector<double> v;
-      if (et == GgufValueType::kFloat32) c.ReadScalars<float>(n, &v);
-      if (et == GgufValueType::kFloat64) c.ReadScalars<double>(n, &v);
-      out->v = std::move(v);
-      return absl::OkStatus();
-    }
+    case GgufValueType::kFloat64:
     case GgufValueType::kBool: {
-      // Stored as 0/1 in a vector<uint64_t>; elem_type says they are bools.
       const uint64_t start = c.pos();
-      std::vector<uint64_t> v;
-      c.ReadScalars<uint8_t>(n, &v);
-      for (uint64_t i = 0; i < n; ++i) {
-        if (v[i] > 1) {
-          return absl::InvalidArgumentError(absl::StrCat(what, " element ", i, " at byte ",
-                                                         start + i, ": bool value ", v[i],
-                                                         " is neither 0 nor 1"));
+      GgufScalars v{c.Skip(n * ScalarSize(et)), n, et};
+      if (et == GgufValueType::kBool) {
+        for (uint64_t i = 0; i < n; ++i) {
+          if (v.data[i] > 1) {
+            return absl::InvalidArgumentError(absl::StrCat(what, " element ", i, " at byte ",
+                                                           start + i, ": bool value ", v.data[i],
+                                                           " is neither 0 nor 1"));
+          }
         }
       }
-      out->v = std::move(v);
+      out->v = v;
       return absl::OkStatus();
     }
     case GgufValueType::kString: {
@@ -530,34 +503,95 @@ absl::StatusOr<const std::vector<std::string>*> GgufFile::GetStringArray(
 
 absl::StatusOr<std::vector<int64_t>> GgufFile::GetIntArray(const std::string& key) const {
   ASSIGN_OR_RETURN(const GgufValue* v, FindOr(*this, key));
-  if (v->type != GgufValueType::kArray) return WrongType(key, *v, "ARRAY of integers");
-  if (IsSigned(v->elem_type)) return std::get<std::vector<int64_t>>(v->v);
-  if (!IsUnsigned(v->elem_type)) return WrongType(key, *v, "ARRAY of integers");
-  const auto& u = std::get<std::vector<uint64_t>>(v->v);
-  std::vector<int64_t> out(u.size());
-  for (size_t i = 0; i < u.size(); ++i) {
-    if (u[i] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return absl::InvalidArgumentError(absl::StrCat("gguf: metadata key '", key, "' element ", i,
-                                                     " value ", u[i], " does not fit in int64"));
+  const auto* a = std::get_if<GgufScalars>(&v->v);
+  if (v->type != GgufValueType::kArray || a == nullptr || a->is_float() ||
+      v->elem_type == GgufValueType::kBool) {
+    return WrongType(key, *v, "ARRAY of integers");
+  }
+  std::vector<int64_t> out(a->size());
+  for (uint64_t i = 0; i < a->size(); ++i) {
+    if (a->is_signed()) {
+      out[i] = a->signed_at(i);
+      continue;
     }
-    out[i] = static_cast<int64_t>(u[i]);
+    const uint64_t u = a->unsigned_at(i);
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(absl::StrCat("gguf: metadata key '", key, "' element ", i,
+                                                     " value ", u, " does not fit in int64"));
+    }
+    out[i] = static_cast<int64_t>(u);
   }
   return out;
 }
 
 absl::StatusOr<std::vector<double>> GgufFile::GetFloatArray(const std::string& key) const {
   ASSIGN_OR_RETURN(const GgufValue* v, FindOr(*this, key));
-  if (v->type != GgufValueType::kArray) return WrongType(key, *v, "ARRAY of numbers");
-  if (IsFloat(v->elem_type)) return std::get<std::vector<double>>(v->v);
-  if (IsSigned(v->elem_type)) {
-    const auto& s = std::get<std::vector<int64_t>>(v->v);
-    return std::vector<double>(s.begin(), s.end());
+  const auto* a = std::get_if<GgufScalars>(&v->v);
+  if (v->type != GgufValueType::kArray || a == nullptr || v->elem_type == GgufValueType::kBool) {
+    return WrongType(key, *v, "ARRAY of numbers");
   }
-  if (IsUnsigned(v->elem_type)) {
-    const auto& u = std::get<std::vector<uint64_t>>(v->v);
-    return std::vector<double>(u.begin(), u.end());
+  std::vector<double> out(a->size());
+  for (uint64_t i = 0; i < a->size(); ++i) out[i] = a->float_at(i);
+  return out;
+}
+
+bool GgufScalars::is_signed() const {
+  return elem == GgufValueType::kInt8 || elem == GgufValueType::kInt16 ||
+         elem == GgufValueType::kInt32 || elem == GgufValueType::kInt64;
+}
+
+bool GgufScalars::is_float() const {
+  return elem == GgufValueType::kFloat32 || elem == GgufValueType::kFloat64;
+}
+
+namespace {
+template <typename T>
+T LoadAt(const uint8_t* data, uint64_t i) {
+  T v;
+  std::memcpy(&v, data + i * sizeof(T), sizeof(T));
+  return v;
+}
+}  // namespace
+
+uint64_t GgufScalars::unsigned_at(uint64_t i) const {
+  switch (elem) {
+    case GgufValueType::kUint8:
+    case GgufValueType::kBool:
+      return LoadAt<uint8_t>(data, i);
+    case GgufValueType::kUint16:
+      return LoadAt<uint16_t>(data, i);
+    case GgufValueType::kUint32:
+      return LoadAt<uint32_t>(data, i);
+    case GgufValueType::kUint64:
+      return LoadAt<uint64_t>(data, i);
+    default:
+      return static_cast<uint64_t>(signed_at(i));
   }
-  return WrongType(key, *v, "ARRAY of numbers");
+}
+
+int64_t GgufScalars::signed_at(uint64_t i) const {
+  switch (elem) {
+    case GgufValueType::kInt8:
+      return LoadAt<int8_t>(data, i);
+    case GgufValueType::kInt16:
+      return LoadAt<int16_t>(data, i);
+    case GgufValueType::kInt32:
+      return LoadAt<int32_t>(data, i);
+    case GgufValueType::kInt64:
+      return LoadAt<int64_t>(data, i);
+    case GgufValueType::kFloat32:
+    case GgufValueType::kFloat64:
+      return static_cast<int64_t>(float_at(i));
+    default:
+      return static_cast<int64_t>(unsigned_at(i));
+  }
+}
+
+double GgufScalars::float_at(uint64_t i) const {
+  if (elem == GgufValueType::kFloat32) return LoadAt<float>(data, i);
+  if (elem == GgufValueType::kFloat64) return LoadAt<double>(data, i);
+  if (is_signed()) return static_cast<double>(signed_at(i));
+  return static_cast<double>(unsigned_at(i));
 }
 
 }  // namespace tripod

@@ -18,20 +18,48 @@
 namespace tripod {
 
 enum class GgufValueType : uint32_t {
-  kUint8 = 0, kInt8 = 1, kUint16 = 2, kInt16 = 3, kUint32 = 4, kInt32 = 5, kFloat32 = 6,
-  kBool = 7, kString = 8, kArray = 9, kUint64 = 10, kInt64 = 11, kFloat64 = 12,
+  kUint8 = 0,
+  kInt8 = 1,
+  kUint16 = 2,
+  kInt16 = 3,
+  kUint32 = 4,
+  kInt32 = 5,
+  kFloat32 = 6,
+  kBool = 7,
+  kString = 8,
+  kArray = 9,
+  kUint64 = 10,
+  kInt64 = 11,
+  kFloat64 = 12,
 };
 
 struct GgufValue;
 using GgufArray = std::vector<GgufValue>;
 
-// One metadata value. Large arrays of scalars or strings (the vocabulary) are stored as
-// vectors of the element type for speed; arrays of arrays as GgufArray.
+// An array of numbers or bools as the file stores them: a view into the mapping (bounds checked
+// at parse, bools checked to be 0 or 1), decoded on access. Held as a view so that a crafted
+// file's large uint8 array costs nothing, not 8 bytes an element.
+struct GgufScalars {
+  const uint8_t* data = nullptr;
+  uint64_t n = 0;
+  GgufValueType elem = GgufValueType::kUint8;  // an integer, float or bool type
+
+  uint64_t size() const { return n; }
+  bool is_signed() const;
+  bool is_float() const;
+  // Element i as the widest type of its kind (unsigned and bools as uint64, signed as int64).
+  uint64_t unsigned_at(uint64_t i) const;
+  int64_t signed_at(uint64_t i) const;
+  double float_at(uint64_t i) const;  // any element type, converted
+};
+
+// One metadata value. Arrays of strings (the vocabulary) are stored as vectors, arrays of numbers
+// as views (GgufScalars), arrays of arrays as GgufArray.
 struct GgufValue {
   GgufValueType type = GgufValueType::kUint8;
   GgufValueType elem_type = GgufValueType::kUint8;  // for arrays
-  std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<std::string>,
-               std::vector<int64_t>, std::vector<uint64_t>, std::vector<double>, GgufArray>
+  std::variant<uint64_t, int64_t, double, bool, std::string, std::vector<std::string>, GgufScalars,
+               GgufArray>
       v;
 };
 
@@ -39,7 +67,7 @@ struct GgufTensorInfo {
   std::string name;
   std::vector<int64_t> dims;  // GGUF order: dims[0] is the innermost (row length)
   GgmlType type = GgmlType::kF32;
-  uint64_t offset = 0;        // relative to the data section
+  uint64_t offset = 0;  // relative to the data section
   uint64_t n_elements = 0;
   uint64_t n_bytes = 0;
   const uint8_t* data = nullptr;  // inside the mapping, bounds already checked

@@ -27,18 +27,18 @@ const char* ValueTypeName(GgufValueType t) {
 
 nlohmann::json ArrayToJson(const GgufValue& v) {
   nlohmann::json out = nlohmann::json::array();
-  if (const auto* u = std::get_if<std::vector<uint64_t>>(&v.v)) {
-    for (uint64_t x : *u) {
-      if (v.elem_type == GgufValueType::kBool) {
-        out.push_back(x != 0);
+  if (const auto* a = std::get_if<GgufScalars>(&v.v)) {
+    for (uint64_t i = 0; i < a->size(); ++i) {
+      if (a->elem == GgufValueType::kBool) {
+        out.push_back(a->unsigned_at(i) != 0);
+      } else if (a->is_float()) {
+        out.push_back(a->float_at(i));
+      } else if (a->is_signed()) {
+        out.push_back(a->signed_at(i));
       } else {
-        out.push_back(x);
+        out.push_back(a->unsigned_at(i));
       }
     }
-  } else if (const auto* s = std::get_if<std::vector<int64_t>>(&v.v)) {
-    for (int64_t x : *s) out.push_back(x);
-  } else if (const auto* d = std::get_if<std::vector<double>>(&v.v)) {
-    for (double x : *d) out.push_back(x);
   } else if (const auto* str = std::get_if<std::vector<std::string>>(&v.v)) {
     for (const std::string& x : *str) out.push_back(x);
   } else if (const auto* arr = std::get_if<GgufArray>(&v.v)) {

@@ -2,6 +2,7 @@
 // type, nested arrays, every tensor type), a table of corruptions, and the bundled real model.
 #include "common/model/gguf.h"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -125,7 +126,11 @@ TEST_P(GgufVersionTest, ParsesEveryValueType) {
   EXPECT_EQ(*f.GetFloatArray("a_f64"), (std::vector<double>{1e300}));
   EXPECT_EQ(*f.GetFloatArray("a_i32"), (std::vector<double>{-1, 3}));
   EXPECT_EQ(f.Find("a_bool")->elem_type, VT::kBool);
-  EXPECT_EQ(std::get<std::vector<uint64_t>>(f.Find("a_bool")->v), (std::vector<uint64_t>{0, 1}));
+  const auto& bools = std::get<GgufScalars>(f.Find("a_bool")->v);
+  ASSERT_EQ(bools.size(), 2u);
+  EXPECT_EQ(bools.unsigned_at(0), 0u);
+  EXPECT_EQ(bools.unsigned_at(1), 1u);
+  EXPECT_FALSE(f.GetIntArray("a_bool").ok());
   EXPECT_EQ(**f.GetStringArray("a_str"), (std::vector<std::string>{"x", ""}));
   EXPECT_FALSE(f.GetStringArray("a_i32").ok());
   EXPECT_FALSE(f.GetIntArray("a_str").ok());
@@ -138,11 +143,16 @@ TEST_P(GgufVersionTest, ParsesEveryValueType) {
   ASSERT_EQ(outer.size(), 2u);
   EXPECT_EQ(outer[0].type, VT::kArray);
   EXPECT_EQ(outer[0].elem_type, VT::kInt32);
-  EXPECT_EQ(std::get<std::vector<int64_t>>(outer[0].v), (std::vector<int64_t>{1, 2}));
+  const auto& pair = std::get<GgufScalars>(outer[0].v);
+  ASSERT_EQ(pair.size(), 2u);
+  EXPECT_EQ(pair.signed_at(0), 1);
+  EXPECT_EQ(pair.signed_at(1), 2);
   EXPECT_EQ(outer[1].elem_type, VT::kString);
   EXPECT_EQ(std::get<std::vector<std::string>>(outer[1].v), (std::vector<std::string>{"z"}));
   const auto& deep = std::get<GgufArray>(std::get<GgufArray>(f.Find("a_deep")->v)[0].v);
-  EXPECT_EQ(std::get<std::vector<uint64_t>>(deep[0].v), (std::vector<uint64_t>{42}));
+  const auto& deepest = std::get<GgufScalars>(deep[0].v);
+  ASSERT_EQ(deepest.size(), 1u);
+  EXPECT_EQ(deepest.unsigned_at(0), 42u);
 }
 
 TEST_P(GgufVersionTest, ParsesEveryTensorType) {
@@ -228,6 +238,26 @@ TEST(GgufTest, ArrayNestingDepthIsBounded) {
   ASSERT_FALSE(g.ok());
   EXPECT_THAT(g.status().message(), HasSubstr("nested deeper than 8"));
   EXPECT_THAT(g.status().message(), HasSubstr("'deep'"));
+}
+
+// A number array is a view into the file, not a copy widened to 8 bytes an element: a crafted
+// file's 32 MiB uint8 array must not grow the heap by 256 MiB (or at all, beyond the parse's
+// own bookkeeping).
+TEST(GgufTest, LargeNumberArrayIsAViewNotACopy) {
+  constexpr uint64_t kN = 32u << 20;
+  GgufWriter w;
+  w.Kv("big", VT::kArray, Arr(VT::kUint8, kN, std::string(kN, '\x7f')));
+  const std::string bytes = w.Build();
+  const size_t before = mallinfo2().uordblks;
+  auto g = ParseBytes(bytes);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const size_t after = mallinfo2().uordblks;
+  EXPECT_LT(after - std::min(after, before), size_t{1} << 20);
+  const auto& a = std::get<GgufScalars>((*g)->Find("big")->v);
+  ASSERT_EQ(a.size(), kN);
+  EXPECT_GE(a.data, reinterpret_cast<const uint8_t*>(bytes.data()));
+  EXPECT_LT(a.data, reinterpret_cast<const uint8_t*>(bytes.data() + bytes.size()));
+  EXPECT_EQ(a.unsigned_at(kN - 1), 0x7fu);
 }
 
 TEST(GgufTest, EveryTruncationFails) {
