@@ -4,15 +4,17 @@
 #include <malloc.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/metrics/process_stats.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
 
 namespace tripod::metrics {
 
@@ -69,57 +71,27 @@ const char* KindName(int kind) {
   return kNames[kind];
 }
 
-// Prometheus parses values with Go's ParseFloat: it takes +Inf, -Inf, NaN and any decimal or
-// exponent form. Integral values print as plain integers (what people and diffs expect); the
-// rest in the shortest form that reads back to the same double.
-void AppendValue(std::string* out, double v) {
-  if (std::isnan(v)) {
-    out->append("NaN");
-    return;
-  }
-  if (std::isinf(v)) {
-    out->append(v > 0 ? "+Inf" : "-Inf");
-    return;
-  }
-  if (v == 0) v = 0;  // no "-0"
-  char buf[64];
-  constexpr double kExactIntegers = 9007199254740992.0;  // 2^53
-  const std::to_chars_result r =
-      (v == std::trunc(v) && std::fabs(v) < kExactIntegers)
-          ? std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::fixed)
-          : std::to_chars(buf, buf + sizeof(buf), v);
-  out->append(buf, r.ptr);
-}
-
-// Label values escape backslash, double quote and newline; help text backslash and newline.
-void AppendEscaped(std::string* out, std::string_view s, bool quotes) {
+// prometheus-cpp 1.0.1's TextSerializer writes help as given: backslash and newline are escaped
+// here, as the text format asks.
+std::string EscapedHelp(std::string_view s) {
+  std::string out;
   for (const char c : s) {
     if (c == '\\') {
-      out->append("\\\\");
+      out.append("\\\\");
     } else if (c == '\n') {
-      out->append("\\n");
-    } else if (c == '"' && quotes) {
-      out->append("\\\"");
+      out.append("\\n");
     } else {
-      out->push_back(c);
+      out.push_back(c);
     }
   }
+  return out;
 }
 
-// `{a="x",b="y"}` (with `le` last where given), or nothing for no labels.
-void AppendLabels(std::string* out, const Labels& labels, const char* le = nullptr) {
-  if (labels.empty() && le == nullptr) return;
-  out->push_back('{');
-  bool first = true;
-  for (const auto& [name, value] : labels) {
-    if (!first) out->push_back(',');
-    first = false;
-    absl::StrAppend(out, name, "=\"");
-    AppendEscaped(out, value, /*quotes=*/true);
-    out->push_back('"');
-  }
-  if (le != nullptr) absl::StrAppend(out, first ? "" : ",", "le=\"", le, "\"");
-  out->push_back('}');
+prometheus::MetricType PromType(int kind) {
+  static const prometheus::MetricType kTypes[] = {prometheus::MetricType::Counter,
+                                                  prometheus::MetricType::Gauge,
+                                                  prometheus::MetricType::Histogram};
+  return kTypes[kind];
 }
 
 // The names a family writes lines under: a histogram's three suffixes, or the name itself.
@@ -142,16 +114,10 @@ std::string LabelsDebugString(const Labels& labels) {
 
 void Counter::Inc(double v) {
   if (!(v >= 0)) Die(absl::StrCat("Counter::Inc(", v, "): a counter only goes up"));
-  value_.fetch_add(v, std::memory_order_relaxed);
+  c_.Increment(v);
 }
 
-double Counter::value() const { return value_.load(std::memory_order_relaxed); }
-
-void Gauge::Set(double v) { value_.store(v, std::memory_order_relaxed); }
-
-void Gauge::Add(double v) { value_.fetch_add(v, std::memory_order_relaxed); }
-
-double Gauge::value() const { return value_.load(std::memory_order_relaxed); }
+void Gauge::Set(double v) { g_.Set(v == 0 ? 0.0 : v); }  // no "-0" in the exposition
 
 Histogram::Histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper_bounds)) {
   if (!bounds_.empty() && bounds_.back() == std::numeric_limits<double>::infinity()) {
@@ -163,33 +129,30 @@ Histogram::Histogram(std::vector<double> upper_bounds) : bounds_(std::move(upper
                        "] are not finite and strictly ascending (at index ", i, ")"));
     }
   }
-  counts_ = std::make_unique<std::atomic<uint64_t>[]>(bounds_.size() + 1);
+  h_ = std::make_unique<prometheus::Histogram>(bounds_);
 }
 
 void Histogram::Observe(double v) {
-  // Bucket i counts bounds_[i-1] < v <= bounds_[i]; NaN compares false everywhere and belongs
-  // to +Inf alone.
-  const size_t i = std::isnan(v)
-                       ? bounds_.size()
-                       : static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
-                                             bounds_.begin());
-  counts_[i].fetch_add(1, std::memory_order_relaxed);
-  sum_.fetch_add(v, std::memory_order_relaxed);
+  if (!std::isnan(v)) {
+    h_->Observe(v);
+    return;
+  }
+  // prometheus-cpp 1.0.1 files NaN under the first bound (its bucket search compares false); a
+  // NaN is above no bound, so it belongs to +Inf alone.
+  std::vector<double> increments(bounds_.size() + 1, 0.0);
+  increments.back() = 1;
+  h_->ObserveMultiple(increments, v);
 }
 
 std::vector<uint64_t> Histogram::cumulative_counts() const {
-  std::vector<uint64_t> out(bounds_.size() + 1);
-  uint64_t total = 0;
-  for (size_t i = 0; i < out.size(); ++i) {
-    total += counts_[i].load(std::memory_order_relaxed);
-    out[i] = total;
+  const prometheus::ClientMetric m = h_->Collect();
+  std::vector<uint64_t> out;
+  out.reserve(m.histogram.bucket.size());
+  for (const prometheus::ClientMetric::Bucket& b : m.histogram.bucket) {
+    out.push_back(b.cumulative_count);
   }
   return out;
 }
-
-double Histogram::sum() const { return sum_.load(std::memory_order_relaxed); }
-
-uint64_t Histogram::count() const { return cumulative_counts().back(); }
 
 std::vector<double> ExponentialBuckets(double start, double factor, int count) {
   if (!(start > 0) || !(factor > 1) || count < 1) {
@@ -360,46 +323,35 @@ void Registry::AddProcessMetrics() {
 }
 
 std::string Registry::Exposition() const {
-  MutexLock lock(&mu_);
-  std::string out;
-  for (const std::unique_ptr<Family>& f : families_) {
-    absl::StrAppend(&out, "# HELP ", f->name, " ");
-    AppendEscaped(&out, f->help, /*quotes=*/false);
-    absl::StrAppend(&out, "\n# TYPE ", f->name, " ", KindName(static_cast<int>(f->kind)), "\n");
-    for (const std::unique_ptr<Series>& s : f->series) {
-      if (s->histogram == nullptr) {
-        const double v = s->fn ? s->fn() : s->counter ? s->counter->value() : s->gauge->value();
-        out.append(f->name);
-        AppendLabels(&out, s->labels);
-        out.push_back(' ');
-        AppendValue(&out, v);
-        out.push_back('\n');
-        continue;
-      }
-      // One read of the buckets serves the bucket lines and _count, so that they agree.
-      const std::vector<uint64_t> cumulative = s->histogram->cumulative_counts();
-      const std::vector<double>& bounds = s->histogram->upper_bounds();
-      for (size_t i = 0; i < cumulative.size(); ++i) {
-        std::string le;
-        if (i < bounds.size()) {
-          AppendValue(&le, bounds[i]);
+  std::vector<prometheus::MetricFamily> families;
+  {
+    MutexLock lock(&mu_);
+    families.reserve(families_.size());
+    for (const std::unique_ptr<Family>& f : families_) {
+      prometheus::MetricFamily& out = families.emplace_back();
+      out.name = f->name;
+      out.help = EscapedHelp(f->help);
+      out.type = PromType(static_cast<int>(f->kind));
+      for (const std::unique_ptr<Series>& s : f->series) {
+        prometheus::ClientMetric m;
+        if (s->histogram) {
+          m = s->histogram->Collect();
+        } else if (s->counter) {
+          m = s->counter->Collect();
+        } else if (s->gauge) {
+          m = s->gauge->Collect();
+        } else if (f->kind == Kind::kCounter) {
+          m.counter.value = s->fn();
         } else {
-          le = "+Inf";
+          const double v = s->fn();
+          m.gauge.value = v == 0 ? 0.0 : v;
         }
-        absl::StrAppend(&out, f->name, "_bucket");
-        AppendLabels(&out, s->labels, le.c_str());
-        absl::StrAppend(&out, " ", cumulative[i], "\n");
+        for (const auto& [name, value] : s->labels) m.label.push_back({name, value});
+        out.metric.push_back(std::move(m));
       }
-      absl::StrAppend(&out, f->name, "_sum");
-      AppendLabels(&out, s->labels);
-      out.push_back(' ');
-      AppendValue(&out, s->histogram->sum());
-      absl::StrAppend(&out, "\n", f->name, "_count");
-      AppendLabels(&out, s->labels);
-      absl::StrAppend(&out, " ", cumulative.back(), "\n");
     }
   }
-  return out;
+  return prometheus::TextSerializer().Serialize(families);
 }
 
 }  // namespace tripod::metrics

@@ -1,15 +1,17 @@
 // Prometheus metrics: counters, gauges and histograms with labels, and their text exposition
-// (format 0.0.4, what `promtool check metrics` and a Prometheus server read). prometheus-cpp is
-// not packaged for Debian 12, so this small module is written here. Updates are lock-free
-// (atomics); registration and exposition take the registry's lock. Metric objects live as long
-// as their registry and never move, so callers keep references.
+// (format 0.0.4, what `promtool check metrics` and a Prometheus server read). The metric objects,
+// their samples and the text writer are prometheus-cpp's (Debian's prometheus-cpp-dev); this module
+// keeps what it does not: one registry across the processes' services with registration rules
+// that die on misuse, gauges and counters read from callbacks at scrape time, the process
+// metrics, and the exposition in registration order. Updates are lock-free (atomics; a histogram
+// observation takes its own short lock); registration and exposition take the registry's lock.
+// Metric objects live as long as their registry and never move, so callers keep references.
 //
 // Misuse is a programming error and aborts with a message: an invalid metric or label name, a
 // reserved label (`__*`, `le` on a histogram), a repeated label name, empty help, a name
 // registered again under another type, help or bucket layout, a negative counter increment.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -18,6 +20,10 @@
 #include <vector>
 
 #include "common/util/mutex.h"
+#include "prometheus/client_metric.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
 
 namespace tripod::metrics {
 
@@ -28,20 +34,22 @@ using Labels = std::vector<std::pair<std::string, std::string>>;
 class Counter {
  public:
   void Inc(double v = 1.0);  // v >= 0
-  double value() const;
+  double value() const { return c_.Value(); }
+  prometheus::ClientMetric Collect() const { return c_.Collect(); }
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Counter c_;
 };
 
 class Gauge {
  public:
   void Set(double v);
-  void Add(double v);
-  double value() const;
+  void Add(double v) { g_.Increment(v); }
+  double value() const { return g_.Value(); }
+  prometheus::ClientMetric Collect() const { return g_.Collect(); }
 
  private:
-  std::atomic<double> value_{0.0};
+  prometheus::Gauge g_;
 };
 
 class Histogram {
@@ -49,17 +57,16 @@ class Histogram {
   // Ascending finite bounds; +Inf is implied (a trailing +Inf is dropped).
   explicit Histogram(std::vector<double> upper_bounds);
   void Observe(double v);  // NaN counts in the +Inf bucket only (and makes the sum NaN)
-  // Cumulative counts per bound (+Inf last), sum and count. Each bucket is read atomically;
-  // count() is the +Inf bucket's cumulative count, so the two always agree in a scrape.
+  // Cumulative counts per bound (+Inf last), sum and count, from one consistent read.
   std::vector<uint64_t> cumulative_counts() const;
-  double sum() const;
-  uint64_t count() const;
+  double sum() const { return h_->Collect().histogram.sample_sum; }
+  uint64_t count() const { return h_->Collect().histogram.sample_count; }
   const std::vector<double>& upper_bounds() const { return bounds_; }
+  prometheus::ClientMetric Collect() const { return h_->Collect(); }
 
  private:
   std::vector<double> bounds_;
-  std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // per bucket (not cumulative), +Inf last
-  std::atomic<double> sum_{0.0};
+  std::unique_ptr<prometheus::Histogram> h_;
 };
 
 // Bucket bounds: `count` bounds starting at `start`, each `factor` times the last
@@ -92,8 +99,8 @@ class Registry {
   // at scrape time (see process_stats.h). Calling it again changes nothing.
   void AddProcessMetrics();
 
-  // The text exposition of everything registered, families in registration order, series in
-  // the order of their first registration.
+  // The text exposition of everything registered (prometheus-cpp's TextSerializer), families in
+  // registration order, series in the order of their first registration.
   std::string Exposition() const;
 
  private:
