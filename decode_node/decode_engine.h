@@ -34,6 +34,7 @@
 #include "common/compute/model.h"
 #include "common/compute/plan.h"
 #include "common/kv/paged_kv_cache.h"
+#include "common/kv_transfer/kv_reservation.h"
 #include "common/model/tokenizer.h"
 #include "common/util/mutex.h"
 #include "decode_node/batch_scheduler.h"
@@ -82,20 +83,6 @@ struct DecodeEngineStats {
   int reservations = 0;  // reservations not adopted nor released
   int free_blocks = 0;   // free or evictable
   int total_blocks = 0;
-};
-
-// Blocks set aside for KV that arrives from elsewhere (DecodeEngine::ReserveKv).
-struct KvReservation {
-  int32_t kv_seq = -1;  // the cache sequence; DecodeRequest::reserved_kv_seq adopts it
-  int n_slots = 0;      // slots the transfer fills
-  int blocks = 0;       // blocks held (room for n_slots + the last prompt token)
-  // PyramidKV's trimmed KV: per layer, the first slot the transfer fills (slots below stay empty
-  // and are never attended). Empty: 0.
-  std::vector<int32_t> layer_first;
-  // Writes slots [0, n_slots) of kv_seq from any thread: a copy of the block table, so the
-  // writer never touches the cache. Valid until the reservation is released or adopted, and
-  // while the engine lives.
-  std::unique_ptr<KvStore> store;
 };
 
 class DecodeEngine {

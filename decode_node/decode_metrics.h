@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "common/metrics/metrics.h"
 #include "decode_node/decode_engine.h"
-#include "decode_node/kv_transfers.h"
+#include "common/kv_transfer/kv_transfers.h"
 
 namespace tripod {
 

@@ -7,8 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv_transfer/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_receiver.h"
 #include "common/model/utf8.h"
-#include "common/rpc/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -465,42 +466,17 @@ grpc::Status DecodeService::PushKv(grpc::ServerContext* context,
                                    v1::PushKvResponse* response) {
   if (grpc::Status st = CheckProtocol(*context); !st.ok()) return st;
   HandlerScope scope(handlers_);
+  KvReceiver receiver(*transfers_, links_.get());
   v1::KvChunk chunk;
-  if (!reader->Read(&chunk)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushKv: the stream carried no chunk");
-  }
-  const uint64_t id = chunk.transfer_id();
-  if (id == 0) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "PushKv: the first chunk names no transfer (transfer_id 0)");
-  }
-  if (absl::Status st = transfers_->OpenStream(id); !st.ok()) return ToGrpcStatus(st);
+  if (!reader->Read(&chunk)) return ToGrpcStatus(receiver.Close(absl::OkStatus()));
   const absl::Time opened = absl::Now();
   while (true) {
-    absl::StatusOr<PushProgress> p;
-    if (chunk.link_id() != 0 && !chunk.end()) {
-      // The payload comes off the link first, whatever becomes of the transfer: the link's two
-      // ends must stay in step for the payloads after it.
-      const absl::Status got = links_->Receive(chunk, [&](const uint8_t* rows) {
-        p = transfers_->Push(id, chunk, rows);
-        return absl::OkStatus();
-      });
-      if (!got.ok()) {
-        transfers_->Cancel(id, std::string(got.message()));
-        p = got;
-      }
-    } else {
-      p = transfers_->Push(id, chunk);
-    }
-    if (!p.ok()) {
-      transfers_->CloseStream(id, p.status()).IgnoreError();  // already ended by the refusal
-      return ToGrpcStatus(p.status());
-    }
+    const absl::StatusOr<PushProgress> p = receiver.Receive(chunk);
+    if (!p.ok()) return ToGrpcStatus(p.status());
     if (!chunk.end()) {
       metrics_.ChunkAccepted(chunk.link_id() != 0 ? chunk.link_bytes() : chunk.payload().size());
     }
-    if (p->complete) {
-      transfers_->CloseStream(id, absl::OkStatus()).IgnoreError();  // complete: OK
+    if (receiver.state() == KvReceiveState::kComplete) {
       metrics_.TransferReceived(Seconds(absl::Now() - opened));
       response->set_chunks(p->chunks);
       response->set_bytes(p->bytes);
@@ -511,7 +487,7 @@ grpc::Status DecodeService::PushKv(grpc::ServerContext* context,
       const absl::Status why = context->IsCancelled()
                                    ? absl::CancelledError("the sender cancelled the call")
                                    : absl::AbortedError("the sender closed the stream");
-      return ToGrpcStatus(transfers_->CloseStream(id, why));
+      return ToGrpcStatus(receiver.Close(why));
     }
   }
 }

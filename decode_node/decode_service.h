@@ -39,8 +39,8 @@
 #include "common/util/mutex.h"
 #include "decode_node/decode_engine.h"
 #include "decode_node/decode_metrics.h"
-#include "decode_node/kv_links.h"
-#include "decode_node/kv_transfers.h"
+#include "common/kv_transfer/kv_links.h"
+#include "common/kv_transfer/kv_transfers.h"
 #include "grpcpp/grpcpp.h"
 #include "tripod/v1/decode.grpc.pb.h"
 

@@ -24,7 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/compute/cuda/nccl_kv_link.h"
+#include "common/kv_transfer/nccl_kv_link.h"
 #include "common/compute/session.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"

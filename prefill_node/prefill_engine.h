@@ -27,7 +27,7 @@
 #include "common/compute/model.h"
 #include "common/compute/plan.h"
 #include "common/kv/kv_snapshot.h"
-#include "prefill_node/kv_sink.h"
+#include "common/kv_transfer/kv_sink.h"
 #include "prefill_node/kv_trimming.h"
 #include "prefill_node/pop_config.h"
 

@@ -5,7 +5,7 @@
 // lets what is queued and running finish within a grace period, then cancels the rest.
 //
 // The queue knows nothing of engines or the network: a Runner does the work of one job (the
-// prefill worker's runs the engine and streams the KV, prefill_transfer.h). Everything here is
+// prefill worker's runs the engine and streams the KV, prefill_job.h). Everything here is
 // thread-safe.
 #pragma once
 

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
 #include "common/util/status_macros.h"
 #include "spdlog/spdlog.h"

@@ -11,12 +11,13 @@ PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
   if (registry != nullptr) {
     metrics_ = std::make_unique<PrefillMetrics>(*registry, engine.model().config);
   }
-  const TransferOptions transfer = options.transfer;
+  OpenKvSender open_sender = PushKvSenders(
+      [this](const std::string& address) { return channels_.Get(address); }, options.transfer);
   PrefillQueue::Options qo;
   qo.max_queue = options.max_queue;
   queue_ = std::make_unique<PrefillQueue>(
-      [this, transfer](const PrefillJob& job, CancelToken& cancel) {
-        RunnerResult r = RunPrefillJob(engine_, channels_, transfer, job, cancel);
+      [this, open_sender = std::move(open_sender)](const PrefillJob& job, CancelToken& cancel) {
+        RunnerResult r = RunPrefillJob(engine_, open_sender, job, cancel);
         if (metrics_ == nullptr) return r;
         if (!r.finish) {
           metrics_->JobDone(job, r.outcome);

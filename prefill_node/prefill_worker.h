@@ -6,12 +6,13 @@
 
 #include <memory>
 
+#include "common/kv_transfer/kv_sender_factory.h"
 #include "common/metrics/metrics.h"
 #include "prefill_node/channel_cache.h"
 #include "prefill_node/prefill_engine.h"
+#include "prefill_node/prefill_job.h"
 #include "prefill_node/prefill_metrics.h"
 #include "prefill_node/prefill_queue.h"
-#include "prefill_node/prefill_transfer.h"
 
 namespace tripod {
 

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "common/kv/contiguous_kv_cache.h"
-#include "common/rpc/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_chunk_codec.h"
 #include "xxhash.h"
 
 namespace {

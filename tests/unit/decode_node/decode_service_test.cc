@@ -20,7 +20,7 @@
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/metrics/metrics.h"
-#include "common/rpc/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/thread_pool.h"

@@ -18,7 +18,7 @@
 #include "common/metrics/metrics.h"
 #include "common/rpc/protocol.h"
 #include "prefill_node/prefill_metrics.h"
-#include "tests/unit/prefill_node/fake_decode.h"
+#include "tests/unit/common/kv_transfer/fake_decode.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {

@@ -18,8 +18,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/cpu_backend.h"
-#include "common/rpc/kv_chunk_codec.h"
-#include "prefill_node/kv_sender.h"
+#include "common/kv_transfer/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_sender.h"
 #include "prefill_node/prefill_engine.h"
 #include "tests/unit/test_model.h"
 #include "xxhash.h"

@@ -18,7 +18,7 @@
 #include "common/kv/kv_dtype.h"
 #include "common/kv/kv_snapshot.h"
 #include "common/kv/paged_kv_cache.h"
-#include "common/rpc/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_chunk_codec.h"
 
 namespace tripod {
 namespace {
