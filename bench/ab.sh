@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Alternated A/B runs of two commands that print JSON lines, for a machine whose speed drifts
-# 20-40 % from minute to minute (a shared VM): A and B run in turns, so a slow stretch hits both,
-# and each pair's ratio B/A is what counts. Prints a line per pair and a JSON summary (median of
-# A, of B and of the pair ratios). Builds nothing.
+# from minute to minute (a shared VM; docs/benchmarks.md, "Benchmark harnesses"): A and B run in
+# turns, so a slow stretch hits both, and each pair's ratio B/A is what counts. Prints a line per
+# pair and a JSON summary (median of A, of B and of the pair ratios). Builds nothing.
 #   bench/ab.sh [-n PAIRS] [-m MATCH] [-b KEY_B] KEY -- COMMAND_A... -- COMMAND_B...
 # KEY: the numeric JSON field to compare (e.g. decode_tok_s); KEY_B: B's field where it differs
 # (llama-bench -o jsonl calls it avg_ts); MATCH: a fixed string that picks the output line

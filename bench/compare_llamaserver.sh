@@ -23,22 +23,22 @@
 # --threads N (N threads in each worker, sharing the cores) instead.
 # AIPerf: AIPERF=/path/to/aiperf, or by default build/aiperf-venv/bin/aiperf, installed there on
 # first use from scripts/requirements-bench.txt (PyPI, about 1.2 GB; scripts/setup does not). It
-# runs at nice AIPERF_NICE (19): its processes poll, and at normal priority they took 0.65 of a core
-# from llama-server's 2 (ttft_p2048 on quiet CPUs: TTFT p50 10.2 s and TPOT 37 ms by AIPerf, 5.4 s
-# and 11.4 ms by serve.py); niced, 5.45 s and 11.7 ms. serve.py's client needs 0.01 of a core.
+# runs at nice AIPERF_NICE (19): its processes poll, and at normal priority they took a large share
+# of a core from llama-server and doubled what it measured (docs/benchmarks.md, "Benchmark
+# harnesses"); serve.py's client needs almost none.
 # AIPERF=off measures with bench/serve.py only. In its lines output_tok_s is AIPerf's output token
 # throughput, ttft its time to first token, tpot_p50_ms the median of its per-request inter-token
 # latency ((E2E - TTFT) / (tokens - 1), as serve.py's TPOT), prompt_tokens and output_tokens the
 # means it measured (output tokens as the server counted them).
 # The machine's other work: llama-server's threads spin at barriers, so any other busy process on
-# its cores costs it far more than its share (on 2 vCPUs beside others' compiles its decode fell
-# 5-10x, and every harness measured it at 8-10 output tok/s on c16_p512_o128). Before each
-# measurement the script waits (up to QUIET_WAIT seconds, polling every 30 s) until the CPUs were
-# less than QUIET_PCT percent busy over 5 s with the server idle, then measures anyway; each line
-# carries load_1m (the 1-minute load average at the start), client_cpu_s (the harness's own CPU
-# seconds: serve.py's over the measured requests, AIPerf's processes' over their whole run, start-up
-# included) and others_cpu_pct (the share of all CPUs' time taken by processes other than the
-# server and the harness while it measured). Compare figures only where others_cpu_pct is near 0.
+# its cores costs it far more than its share (docs/benchmarks.md, "Benchmark harnesses").
+# Before each measurement the script waits (up to QUIET_WAIT seconds, polling every 30 s) until
+# the CPUs were less than QUIET_PCT percent busy over 5 s with the server idle, then measures
+# anyway; each line carries load_1m (the 1-minute load average at the start), client_cpu_s (the
+# harness's own CPU seconds: serve.py's over the measured requests, AIPerf's processes' over their
+# whole run, start-up included) and others_cpu_pct (the share of all CPUs' time taken by processes
+# other than the server and the harness while it measured). Compare figures only where
+# others_cpu_pct is near 0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -36,7 +36,7 @@
 #include "common/model/model_resolver.h"
 #include "common/model/quant_types.h"
 #include "decode_node/decode_engine.h"
-#include "decode_node/greedy_from_kv.h"
+#include "eval/greedy_from_kv.h"
 #include "nlohmann/json.hpp"
 #include "prefill_node/pop_config.h"
 #include "prefill_node/prefill_engine.h"

@@ -140,7 +140,8 @@ std::vector<int> ParseInts(const std::string& s) {
 }
 
 // The sum of n 8-byte words at p; compiled per ISA so that the loop is vectorised (one 8-byte
-// load per word, as before, was bound by instructions at ~23 GB/s on Zen 4, not by DRAM).
+// load per word was bound by instructions, not by DRAM: docs/cpu-kernels.md, "The plain-read
+// reference of bench/kernels").
 __attribute__((target_clones("avx512f", "avx2", "default"))) uint64_t SumWords(const uint8_t* p,
                                                                                int64_t n) {
   uint64_t s = 0;
@@ -284,7 +285,7 @@ void BenchGemv() {
   SetComputeThreads(max_threads);
 
   // The same interleaved pass against a plain read of its bytes, taking turns within each round,
-  // so that the machine's drift (20-40 % from minute to minute here) cancels in the ratio.
+  // so that the machine's drift cancels in the ratio (docs/benchmarks.md, "Benchmark harnesses").
   std::printf(
       "\n## Decode pass against a plain read of the same bytes, alternated (%d threads, 12 "
       "rounds)\n\n",

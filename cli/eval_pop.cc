@@ -1,5 +1,5 @@
 // `tripod eval-pop`: POP's quality against the full model and its controls on the evaluation
-// corpus (prefill_node/pop_eval.h); prints JSON.
+// corpus (eval/pop/pop_eval.h); prints JSON.
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -17,8 +17,8 @@
 #include "common/model/model_resolver.h"
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
-#include "prefill_node/corpus_windows.h"
-#include "prefill_node/pop_eval.h"
+#include "eval/pop/corpus_windows.h"
+#include "eval/pop/pop_eval.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, precision);

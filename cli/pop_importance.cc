@@ -1,6 +1,6 @@
 // `tripod pop-importance`: stage-aware layer importance for POP on calibration prompts
-// (prefill_node/pop_importance.h); writes JSON to --out and prints a table.
-#include "prefill_node/pop_importance.h"
+// (eval/pop/pop_importance.h); writes JSON to --out and prints a table.
+#include "eval/pop/pop_importance.h"
 
 #include <cstdio>
 #include <fstream>
@@ -17,7 +17,7 @@
 #include "common/model/model_resolver.h"
 #include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
-#include "prefill_node/corpus_windows.h"
+#include "eval/pop/corpus_windows.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, precision);

@@ -25,7 +25,7 @@
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
-#include "decode_node/greedy_from_kv.h"
+#include "eval/greedy_from_kv.h"
 #include "prefill_node/prefill_engine.h"
 
 ABSL_DECLARE_FLAG(std::string, model);

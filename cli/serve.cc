@@ -421,8 +421,7 @@ absl::Status AwaitListening(Supervisor& sup, const std::vector<Child*>& which) {
 // The children's environment, with OMP_WAIT_POLICY=PASSIVE unless the user set a policy: idle
 // OpenMP threads sleep instead of spinning at barriers, where they would take cores from the
 // other workers, the scheduler and gRPC's threads (the threads: see ServeMain). Under load a
-// spinning team is ruinous: `tripod generate --threads 2`, 412-token prompt, 128 tokens, on the
-// 2-vCPU VM at load 8 decoded 5-27 tok/s with the default policy, 84-111 with PASSIVE.
+// spinning team is ruinous (docs/benchmarks.md, "tripod serve: OpenMP threads that sleep").
 std::vector<std::string> ChildEnvironment() {
   std::vector<std::string> env;
   bool has_policy = false;
@@ -559,14 +558,11 @@ absl::Status ServeMain() {
   // Threads: by default the cores are split among the workers, not shared. Disaggregation is
   // there to keep prefill from disturbing decode; workers whose OpenMP teams share cores stall
   // at every barrier whenever both compute (a preempted team member holds up its whole parallel
-  // region). Measured with bench/compare_llamaserver.sh on this 2-vCPU VM, tripod only, two
-  // interleaved runs each: split (1 thread each): c16_p512_o128 185-191 output tok/s, TPOT p50
-  // 18-21 ms, TTFT p50 4.7-4.8 s; shared (2 threads each, PASSIVE): 164-172 tok/s, TPOT p50
-  // 49-54 ms, TTFT p50 4.5-4.6 s; 2 each with the spinning OMP_WAIT_POLICY=ACTIVE: 52 tok/s.
-  // What the split costs: a lone long prompt prefills on half the cores (ttft_p2048: 2.8 s split,
-  // 1.5-1.6 s shared). With 2+ threads each, every worker gets its own CPUs (affinity), since
-  // each pins its team within the CPUs it is allowed (common/util/thread_pool.cc). --threads N
-  // gives every worker N threads on any CPU instead (shared).
+  // region). Under concurrent load the split gives more tokens and a far shorter TPOT; what it
+  // costs is that a lone long prompt prefills on half the cores (docs/benchmarks.md, "tripod
+  // serve: cores split among the workers"). With 2+ threads each, every worker gets its own CPUs
+  // (affinity), since each pins its team within the CPUs it is allowed
+  // (common/util/thread_pool.cc). --threads N gives every worker N threads on any CPU instead.
   const std::vector<int> allowed = AllowedCpus();
   const int cores = static_cast<int>(allowed.size());
   const bool split = absl::GetFlag(FLAGS_threads) == 0;

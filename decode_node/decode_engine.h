@@ -57,8 +57,8 @@ struct DecodeEngineOptions {
   int block_tokens = 16;
   double watermark = 0.01;  // fraction of blocks admission keeps free
   // Forward rows per step (decode tokens + prompt chunks). A step with a prompt chunk stalls every
-  // running stream: at 16 sequences on Zen 4 (2 threads) 512 rows gave an ITL p99 of ~390 ms,
-  // 256 ~255 ms and 128 ~150 ms; a 2048-token prompt's TTFT was 2.39 / 2.36 / 2.51 s.
+  // running stream: fewer rows cut the inter-token tail while a long prompt's first token comes
+  // about as soon (docs/benchmarks.md, "Decode step budget").
   int max_tokens_per_step = 256;
   int max_running = 128;   // sequences in the batch at most
   int context_tokens = 0;  // 0: the model's context length

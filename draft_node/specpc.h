@@ -1,4 +1,4 @@
-// SpecPC's prompt compression (ALGORITHMS.md section 3) from a draft's captured attention: the
+// SpecPC's prompt compression (docs/algorithms.md) from a draft's captured attention: the
 // token scores and the positions kept. The same token scores drive the "draft map" (one kept set
 // for every layer and head after an ordinary prefill).
 #pragma once

@@ -10,8 +10,8 @@
 #include "common/model/bundled_model.h"
 #include "common/model/gguf.h"
 #include "common/util/status_macros.h"
-#include "decode_node/greedy_from_kv.h"
 #include "draft_node/specpc.h"
+#include "eval/greedy_from_kv.h"
 #include "prefill_node/kv_trimming.h"
 #include "prefill_node/pop_config.h"
 

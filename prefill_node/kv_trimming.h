@@ -1,7 +1,8 @@
-// KV trimming on the prefill worker (ALGORITHMS.md sections 2 and 4): which prompt positions'
-// K/V each layer and KV head keeps, and the trimmed snapshot made of them. The scores come from
-// the target's own attention (ForwardPlan's capture) of the observation window, the last prompt
-// token and, for SpecKV, the draft's lookahead tokens; StreamingLLM and the draft map need none.
+// KV trimming on the prefill worker (docs/algorithms.md, SpecKV and the baselines): which prompt
+// positions' K/V each layer and KV head keeps, and the trimmed snapshot made of them. The scores
+// come from the target's own attention (ForwardPlan's capture) of the observation window, the last
+// prompt token and, for SpecKV, the draft's lookahead tokens; StreamingLLM and the draft map need
+// none.
 #pragma once
 
 #include <cstdint>

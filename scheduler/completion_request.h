@@ -35,7 +35,7 @@ struct PopChoice {
   std::string ratio;           // kRatio: "1/3", "0.25" (validated: 0 <= ratio < 1)
 };
 
-// A compression method (ALGORITHMS.md sections 2-4), the request's tripod.method.
+// A compression method (docs/algorithms.md), the request's tripod.method.
 enum class DraftMethod {
   kNone,
   kSpecKv,    // the draft's lookahead scores the KV on the prefill worker, trimmed per head

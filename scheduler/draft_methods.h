@@ -1,5 +1,5 @@
-// The compression methods as the scheduler applies them to one request (ALGORITHMS.md sections
-// 2-4): which need the draft worker, what to ask it, and how its importance map changes the
+// The compression methods as the scheduler applies them to one request (docs/algorithms.md):
+// which need the draft worker, what to ask it, and how its importance map changes the
 // request. SpecPC replaces the prompt by the kept tokens (an ordinary prompt to the prefill
 // worker, so POP still applies); SpecKV hands the draft's lookahead to the prefill worker, which
 // scores its own KV with it; the draft map names the KV positions kept; SnapKV and StreamingLLM

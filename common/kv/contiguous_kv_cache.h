@@ -2,9 +2,8 @@
 // blocks laid out in order (the paged pool's block layout, without the pool). Used by the CLI,
 // benchmarks and tests; the decode worker uses the paged cache instead.
 // Why blocks: decode attention then gives a task every KV head of a block (6 KB of K, then of V,
-// for SmolLM2), which streams better than one head's long run per task: decode after a
-// 2048-token prompt ran 4-13 % faster in 7 of 8 alternated pairs (Zen 4, 2 threads), prefill
-// unchanged.
+// for SmolLM2), which streams better than one head's long run per task (docs/cpu-kernels.md,
+// "Contiguous KV cache in 16-slot blocks").
 #pragma once
 
 #include <cstdint>

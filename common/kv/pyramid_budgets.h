@@ -1,5 +1,5 @@
-// PyramidKV's per-layer KV budgets (arXiv 2406.02069; ALGORITHMS.md section 3): lower layers,
-// whose attention is spread wide, keep more entries than upper ones, whose attention is
+// PyramidKV's per-layer KV budgets (arXiv 2406.02069; docs/algorithms.md, "Baselines"): lower
+// layers, whose attention is spread wide, keep more entries than upper ones, whose attention is
 // concentrated, at the same total as a uniform budget. The scheduler (to reserve the decode
 // worker's slots) and the prefill worker (to trim) both use this one function.
 #pragma once

@@ -1,9 +1,9 @@
-// Mutual TLS for the gRPC channels between the scheduler and the workers (issue 23): every
-// process of a deployment holds the deployment's CA certificate and a certificate of its own
-// signed by it, serves only peers that present such a certificate, and presents its own when it
-// calls one (the scheduler calling workers, a prefill worker pushing KV to a decode worker).
-// gRPC does the TLS; OpenSSL (Debian's libssl) checks the files at start-up, so that a wrong
-// file is a clear error then, not a handshake that fails on every call later.
+// Mutual TLS for the gRPC channels between the scheduler and the workers: every process of a
+// deployment holds the deployment's CA certificate and a certificate of its own signed by it,
+// serves only peers that present such a certificate, and presents its own when it calls one (the
+// scheduler calling workers, a prefill worker pushing KV to a decode worker). gRPC does the TLS;
+// OpenSSL (Debian's libssl) checks the files at start-up, so that a wrong file is a clear error
+// then, not a handshake that fails on every call later.
 #pragma once
 
 #include <memory>

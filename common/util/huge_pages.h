@@ -1,8 +1,8 @@
 // Anonymous memory on transparent huge pages (2 MiB on x86-64) where the kernel grants them.
 // Why: decode streams every weight and KV byte once per token. On 4 KiB pages that is a TLB miss
 // every 4 KiB (a two-level walk under a hypervisor), and the hardware prefetchers stop at each
-// page boundary. Measured on Zen 4 (2 vCPUs, THP in madvise mode): the decode pass's GEMVs over
-// 96 MB ran 2-14 % faster on huge pages in 4 of 4 alternated pairs, a plain read 12-15 %.
+// page boundary. The decode pass's GEMVs run measurably faster on huge pages
+// (docs/cpu-kernels.md, "Weights and KV on huge pages").
 // Memory comes from mmap, so it starts zeroed; madvise(MADV_HUGEPAGE) asks for huge pages, and
 // where THP is off the memory is simply 4 KiB pages.
 #pragma once

@@ -1,9 +1,9 @@
 // Gives freed heap memory back to the kernel once a worker has gone idle after work. glibc keeps
 // memory freed inside its per-thread arenas (the gRPC and engine threads' allocations, freed when
 // a request ends) and returns only what sits at the top of a heap; malloc_trim(0) also returns
-// the whole free pages in the middle. Measured on the decode worker: each 500-request abort storm
-// left 33-49 MB more resident, with or without glibc's arena_max, mmap_threshold and
-// trim_threshold tunables; malloc_trim returned it (docs/reliability.md). Trimming costs a walk
+// the whole free pages in the middle. Without it the decode worker grew after every abort storm,
+// whatever glibc's arena_max, mmap_threshold and trim_threshold tunables; malloc_trim returned the
+// memory (docs/reliability.md; docs/benchmarks.md, "Idle memory release"). Trimming costs a walk
 // of the free lists, so it runs once per idle spell, never while requests run.
 #pragma once
 

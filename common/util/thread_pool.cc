@@ -18,8 +18,8 @@ std::atomic<int> g_threads{0};
 // Pins worker threads 1..n-1 of the OpenMP pool to distinct CPUs of this process's allowed set.
 // Why: after the pool idles (its workers sleep), the scheduler may wake a worker on the calling
 // thread's CPU; two spinning threads on one CPU then pass each barrier only at a scheduler tick,
-// 4-8 ms per parallel region instead of ~1-2 us (loaded 2-vCPU VM, 2 s of empty regions after a
-// 1 s single-thread phase: 253 regions unpinned, ~2 million pinned). The calling thread stays
+// milliseconds per parallel region instead of microseconds (docs/cpu-kernels.md, "Compute
+// threads pinned"). The calling thread stays
 // unpinned, so threads it starts later are unaffected, and the scheduler moves it off a busy
 // worker's CPU. Skipped when there are fewer allowed CPUs than threads.
 void PinWorkers(int n) {

@@ -2,7 +2,7 @@
 scheduler: the greedy tokens through the two processes equal the single-process paths'.
 
   * POP ratio 0, fp32: the same tokens as `tripod generate --precision fp32` for 8 real-text
-    prompts of 5 to 2000 tokens (the exactness switch of DESIGN.md);
+    prompts of 5 to 2000 tokens (the exactness switch, docs/algorithms.md);
   * POP 1/3: the same tokens as the in-process POP path (PrefillEngine's snapshot imported into
     a DecodeEngine: `tripod prefill --generate`);
   * a one-token prompt (no KV to move, only the end message), and Generate with a plain prompt

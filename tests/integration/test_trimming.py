@@ -53,7 +53,7 @@ def trimming(method):
 
 
 def pyramid_budgets(budget, window, n_layers, m, beta=20):
-  """PyramidKV's per-layer budgets as ALGORITHMS.md gives them, written here independently of
+  """PyramidKV's per-layer budgets as docs/algorithms.md gives them, written here independently of
   common/kv/pyramid_budgets.cc: a linear fall from 2(C - w) - lo to lo = (C - w) / beta summing
   to n_layers * (C - w), each capped at the m - w positions outside the window."""
   total = budget - window

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """A self-draft's SpecPC scores against their definition, computed by the independent NumPy
-reference (ALGORITHMS.md section 3, steps 1-6).
+reference (docs/algorithms.md, "SpecPC", steps 1-6).
 
 `tripod draft --precision fp32` runs the first DEPTH of SmolLM2's 30 layers over a real-text
 prompt (in chunks, so that the scored window's keys come partly from the cache), and prints per
@@ -68,7 +68,7 @@ def reference_scores(model, ids, last_layer, weighted=True):
 
 
 def select(scores, budget):
-  """Steps 4-6 from ALGORITHMS.md, independently of the C++."""
+  """Steps 4-6 of docs/algorithms.md ("SpecPC"), independently of the C++."""
   n = len(scores)
   if budget >= n:
     return list(range(n))

@@ -121,7 +121,7 @@ def check_vocab(name, path, corpus_texts, sweep):
         not_nfc = sum(unicodedata.normalize("NFC", t) != t for t in corpus_texts)
         print(f"  {name}: compared without NFC; {not_nfc}/{len(corpus_texts)} corpus chunks are "
               "not NFC (where the real tokenizer could differ)")
-    hf_vocab = hf.get_vocab()  # a fresh dict each call: 0.15 s for a 150k vocabulary
+    hf_vocab = hf.get_vocab()  # a fresh dict each call: slow for a 150k vocabulary
     bytes_complete = v["model"] == "gpt2" and all(
         c in hf_vocab for c in ref.pre_tokenizers.ByteLevel.alphabet())
     # 1. llama.cpp's recorded ids from the real Hugging Face tokenizer of the model.

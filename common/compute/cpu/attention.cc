@@ -167,9 +167,8 @@ constexpr int kTileRows = 96;
 constexpr int kDecodeRows = 16;
 constexpr int64_t kMinSplitSlots = 256;
 // Few sequences: split slots until there are about this many tasks per thread. Few long tasks
-// stream better than many short ones: on Zen 4 (2 threads, 3 KV heads, 6 tasks against 18) one
-// sequence at 2048 slots took 0.046 against 0.057 ms a layer contiguous, 0.060 against 0.064
-// paged, and decode after a 2048-token prompt ran at 186 against 169 tok/s (3 alternated runs).
+// stream better than many short ones (docs/cpu-kernels.md, "Decode attention: tasks per thread
+// and heads per task").
 constexpr int kDecodeTasksPerThread = 2;
 
 using BlockFn = void (*)(const AttentionArgs&, int, int, int, int64_t, int64_t, float*, float*,
@@ -198,8 +197,8 @@ BlockFn PickBlock(const AttentionArgs& a) {
 
 // KV heads per decode task: all of them (up to kDecodeMaxHeads) where a head's run of rows in a
 // block is short, so that a task reads whole blocks; one where the runs are long streams already
-// (a contiguous cache), which the hardware prefetcher follows best one at a time (all heads of
-// one 2048-slot cache per task: 0.171 against 0.079 ms a layer, Zen 4, one thread).
+// (a contiguous cache), which the hardware prefetcher follows best one at a time
+// (docs/cpu-kernels.md, "Decode attention: tasks per thread and heads per task").
 int HeadsPerDecodeTask(const AttentionArgs& a) {
   const size_t run = static_cast<size_t>(a.kv.block_tokens) * KvRowBytes(a.kv.dtype, a.head_dim);
   return run < attn::kDecodeLongRun ? attn::kDecodeMaxHeads : 1;

@@ -41,7 +41,8 @@ void WriteKvCpu(const float* k, const float* v, int n, int64_t stride, int n_kv_
 // Converts `rows` fp32 rows of n values (src_ld floats apart) to `dtype` (dst_ld bytes apart),
 // with the KV cache's conversion kernels (round to nearest even for f16 and bf16), on the compute
 // threads when there are enough values to pay for a parallel region. The bf16 GEMMs convert their
-// activations with it: done serially on one thread it took ~10 % of a 2048-token prefill.
+// activations with it: serially it was a visible share of a long prefill (docs/cpu-kernels.md,
+// "Activations converted on the compute threads").
 void ConvertRowsCpu(const float* src, int64_t rows, int64_t src_ld, int n, KvDtype dtype,
                     uint8_t* dst, int64_t dst_ld);
 

@@ -288,16 +288,16 @@ void BlockImpl(const AttentionArgs& a, int kvh, int q0, int q1, int64_t k0, int6
 // probabilities P once per tile, and QK and PV take half the instructions with no conversion of
 // K or V. PV multiplies two slots at a time: their V rows are interleaved in registers
 // (V::PairLo/PairHi), which permutes the output dims within each 32-dim group; the accumulators
-// stay permuted and are put back in order once, at the end (V::UnpairBf16). On Zen 4 this took
-// a layer's decode from ~53 cycles a slot and KV head to ~30 (prototype, one core from L2).
+// stay permuted and are put back in order once, at the end (V::UnpairBf16). It nearly halves the
+// cycles a slot (docs/cpu-kernels.md, "Decode attention: bf16 dot products").
 constexpr int kDecodeTile = 16;
-// Prefetch distance in slots: 96-160 measured best in a 16-sequence decode step (Zen 4); into
-// L2, 16 sequences x 512 slots ran at 19.5 GB/s against 16.9 into L1.
+// Prefetch distance in slots, into L2: L1 cannot hold that many slots ahead (docs/cpu-kernels.md,
+// "Decode attention: prefetch distance").
 constexpr int kDecodePrefetch = 128;
 // Software prefetch only where a head's run of rows is shorter than kDecodeLongRun: longer runs
 // are streams the hardware prefetcher follows, and there the prefetch instructions only cost
-// issue slots (Zen 4, one contiguous cache of 2048 / 8192 slots, one thread: see
-// docs/cpu-kernels.md); 16-slot paged blocks need it (0.31 ms a layer with, 0.45 without).
+// issue slots; 16-slot paged blocks need it (docs/cpu-kernels.md, "Decode attention: software
+// prefetch only for short runs").
 
 template <class V, KvDtype DT>
 inline typename V::T LoadKv(const uint8_t* p, int c) {
@@ -461,9 +461,9 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
   // K in 16-slot tiles (kv_layout.h): a decode tile is one of them, as both align to slot 0.
   const bool tiled = kv.k_tiled(D);
   // A block right after its predecessor in memory, read whole (every head), continues a stream
-  // that the hardware prefetcher follows; software prefetches there only got in its way
-  // (sequential blocks, 16 sequences x 512 slots, one thread: 0.33 ms a layer without, 0.57
-  // with). Scattered blocks still need them (0.74 ms without).
+  // that the hardware prefetcher follows; software prefetches there only get in its way, while
+  // scattered blocks still need them (docs/cpu-kernels.md, "Decode attention: software prefetch
+  // only for short runs").
   const bool whole_blocks = nh == a.n_kv_heads;
   auto streamed = [&](int64_t b) {
     return whole_blocks && b > 0 && kv.block_ids[b] == kv.block_ids[b - 1] + 1;
@@ -601,9 +601,8 @@ void DecodeRows(const AttentionArgs& a, DecodeRowsAt at, const float* q, const i
       // With a tiled K, P V asks the next K tile (the next head's, or the next tile's first head's)
       // into L1, a row's worth a slot, as the scores asked for this V: each phase's loads are
       // then in flight during the other's arithmetic. The L2 stream prefetcher alone left them to
-      // demand misses: in the forward after 2048 tokens (blocks in order, nothing else
-      // prefetched) the V loads took a fifth of the kernel's samples, and decode ran 1.06x as
-      // fast with both prefetches (medians of 3 runs of 20-30 in-process alternations, Zen 4).
+      // demand misses, the V loads the kernel's largest stall (docs/cpu-kernels.md, "Decode
+      // attention: the next K tile asked for during P V").
       const uint8_t* next_k = nullptr;
       if (tiled) {
         if (hh + 1 < nh) {

@@ -13,11 +13,10 @@ namespace {
 
 // One (sequence, KV head): K of the visible slots converted to fp32 once, transposed ([d][slot])
 // so that a query's scores are hd axpy passes over contiguous slots, which the compiler
-// vectorises without reassociating (a dot product per slot needs a horizontal sum each).
-// Measured on Zen 4, 2 threads, 65 queries over 2048 slots in 30 layers (`TRIPOD_PROFILE=1
-// tripod draft --draft_layers 30 --first_layer 0 --window 65`), two alternated pairs:
-// 390-411 ms against the dot-product form's 512-523. Then per query head of the group and per
-// query a softmax row, reduced into the head's outputs.
+// vectorises without reassociating (a dot product per slot needs a horizontal sum each), and is
+// faster than the dot-product form (docs/cpu-kernels.md, "Draft attention scores: K
+// transposed"). Then per query head of the group and per query a softmax row, reduced into the
+// head's outputs.
 void ScoreHead(const AttentionScoreArgs& a, int h) {
   const int hd = a.head_dim;
   const int first = std::max(0, a.kv.first_visible_slot);

@@ -136,7 +136,7 @@ TRIPOD_CLONES void SwiGluRow(const float* g, const float* u, int n, float* out) 
     const float pow2 =
         std::bit_cast<float>(static_cast<uint32_t>(static_cast<int32_t>(fx) + 127) << 23);
     // One division: written as g / (1 + e) * u, GCC also divided g by the clamped bounds' e
-    // and blended, and vdivps dominated (Zen 3: 3.8 against 0.9 us a 1536-wide row).
+    // and blended, and vdivps dominated (docs/cpu-kernels.md, "SwiGLU with one division").
     out[i] = g[i] * u[i] / (1.0f + y * pow2);
   }
 }
@@ -262,7 +262,8 @@ class CpuBackend final : public Backend {
     // The GEMVs stream these bytes every decode step: copy them onto huge pages (see
     // huge_pages.h for why and by how much).
     // Q4_0, Q4_1 and Q8_0 are copied with their rows interleaved in the kernels' row groups, so
-    // a decode GEMV reads one stream per thread (quant_gemv.h: 7 % faster decode pass on Zen 4).
+    // a decode GEMV reads one stream per thread, which the prefetchers follow (docs/cpu-kernels.md,
+    // "Interleaved weight rows").
     // The other types are read in place from the file's mapping, whose pages the workers of one
     // host share (the K-quant kernels read the GGUF layout).
     for (QuantPart& p : cm.parts) {
@@ -484,18 +485,17 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-// With bf16 GEMMs, batches of more than 8 rows go to oneDNN: measured on Zen 4 in 16-sequence
-// decode steps, its prepacked bf16 weights beat the bf16 GEMV by 10-25 %; at 8 rows the GEMV
-// is 4 % ahead.
+// With bf16 GEMMs, batches of more than 8 rows go to oneDNN: from there its prepacked bf16
+// weights beat the bf16 GEMV, up to there the GEMV is ahead (docs/cpu-kernels.md, "bf16 GEMV or
+// oneDNN by row count").
 constexpr int kBf16GemvMaxRows = 8;
 // K-quants, Q5_0 and Q5_1: the bf16 GEMV up to 32 rows, before the streamed GEMM, which
 // dequantises the whole matrix on every call.
 constexpr int kBf16GemvMaxRowsKQuant = 32;
 
 // Without bf16 hardware: the fp32 tile GEMV from 13 rows (int16 below), and up to 64 rows
-// rather than oneDNN's fp32 GEMM. Measured on Zen 4 with the AVX2 code (oneDNN capped to AVX2),
-// one core, 1536 x 576 Q4_1: 12 rows int16 284 us, tile 307; 16 rows int16 379, tile 309,
-// oneDNN 357; 32 rows tile 567, oneDNN 762 (its fp32 weights read 8 times the bytes).
+// rather than oneDNN's fp32 GEMM, whose fp32 weights read 8 times the bytes; below 13 rows int16
+// is faster (docs/cpu-kernels.md, "The fp32 tile GEMV's row range").
 constexpr int kTileGemvMinRows = 13;
 constexpr int kTileGemvMaxRows = 64;
 

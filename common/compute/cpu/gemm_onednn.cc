@@ -1,6 +1,7 @@
 // DnnlLinear: oneDNN matmul with prepacked weights. One primitive per (m, ldx, ldy), kept in a
 // small LRU: fixed shapes let oneDNN pick its best kernel (brgemm / AMX), and creating a
-// primitive (~0.1 ms) is negligible beside a prefill GEMM.
+// primitive is negligible beside a prefill GEMM (docs/cpu-kernels.md, "oneDNN primitives kept in
+// a cache").
 #include "common/compute/cpu/gemm_onednn.h"
 
 #include <cstdio>

@@ -6,7 +6,8 @@
 // cache's K/V are converted to f16 as they are staged (saturated to f16's range): with bf16
 // operands q and the probabilities keep 8 bits, and the bundled model's logits moved 1.1% from the
 // CPU's, against 0.4% with f16. The fp32 CUDA-core kernel of attention.cu remains for decode, f32
-// caches and other head sizes: on the 8B shape it spent 74% of a 2048-token prefill in attention.
+// caches and other head sizes: on the 8B shape it made attention most of a long prefill
+// (docs/cuda.md, "Figures behind the kernels' choices").
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 

@@ -2,8 +2,9 @@
 // where every weight is read once and the product is bound by memory bandwidth. One warp per
 // output feature streams its bf16 row in 16-byte pieces (four in flight per lane), the fp32
 // activations come through the read-only cache (every warp of the grid reads the same x), and a
-// warp reduction ends each dot product. cuBLAS's GEMM reached 32 % of the copy bandwidth on the
-// 8B shape's decode step, where this is the whole point.
+// warp reduction ends each dot product. cuBLAS's GEMM reached a small fraction of the copy
+// bandwidth on the 8B shape's decode step, where bandwidth is the whole point (docs/cuda.md,
+// "Figures behind the kernels' choices").
 #include "common/compute/cuda/cuda_kernels.h"
 
 namespace tripod::cuda {

@@ -16,7 +16,7 @@ __device__ inline int ElemBytes(int dtype) { return dtype == 0 ? 4 : 2; }
 // Byte address of element d of slot s, KV head h: K (tiled or rows) or V (rows). 32-bit index
 // arithmetic, and a shift for power-of-two blocks: 64-bit division is a long software routine on
 // the GPU, and with it here the first version of these kernels spent most of their time on
-// addresses (a decode step's attention took 0.23 ms per layer).
+// addresses (docs/cuda.md, "Figures behind the kernels' choices").
 __device__ inline uint8_t* KvElem(const KvView& kv, bool is_k, int s, int h, int d, int hd) {
   const int eb = ElemBytes(kv.dtype);
   const int row_bytes = eb * hd;

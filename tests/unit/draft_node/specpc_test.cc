@@ -1,5 +1,6 @@
-// SpecPC's selection steps (ALGORITHMS.md section 3) on hand-made scores, where the kept set can be
-// worked out by hand, and the exactness switch: a budget at or above the prompt keeps everything.
+// SpecPC's selection steps (docs/algorithms.md, "SpecPC") on hand-made scores, where the kept set
+// can be worked out by hand, and the exactness switch: a budget at or above the prompt keeps
+// everything.
 #include "draft_node/specpc.h"
 
 #include <vector>

@@ -1,4 +1,4 @@
-// Stage-aware layer importance for POP (ALGORITHMS.md §1, "Importance"): per layer, how much the
+// Stage-aware layer importance for POP (docs/algorithms.md, "Importance"): per layer, how much the
 // loss on self-generated answers depends on the layer's branches at prefill-stage positions
 // (prompt tokens 0..n-2) and at decode-stage positions (the last prompt token and the answer).
 // I = E[(dLoss/dg)^2], the derivative a central finite difference in a branch gate g (ForwardPlan

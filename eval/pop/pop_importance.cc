@@ -2,7 +2,7 @@
 // keeps apart: pass 1 = prompt tokens 0..n-2 under the prefill-stage gates, pass 2 = [x_n,
 // answer] under the decode-stage gates. Decode-stage gates leave pass 1's KV untouched, so it
 // runs once per sample; prefill-stage gates redo it.
-#include "prefill_node/pop_importance.h"
+#include "eval/pop/pop_importance.h"
 
 #include <chrono>
 #include <cmath>
@@ -14,7 +14,7 @@
 #include "common/model/sampler.h"
 #include "common/util/sample_stats.h"
 #include "common/util/status_macros.h"
-#include "prefill_node/plan_runner.h"
+#include "eval/pop/plan_runner.h"
 
 namespace tripod {
 namespace {

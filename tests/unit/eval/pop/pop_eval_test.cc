@@ -1,7 +1,7 @@
 // eval-pop and pop-importance on a few short windows of the bundled corpus: what must hold
 // whatever the model (ratio 0 reproduces the full model exactly, pruning more moves further
 // away, a last-layer prefill gate changes nothing) and the JSON shape.
-#include "prefill_node/pop_eval.h"
+#include "eval/pop/pop_eval.h"
 
 #include <gtest/gtest.h>
 
@@ -11,8 +11,8 @@
 
 #include "common/compute/cpu/cpu_backend.h"
 #include "common/model/tokenizer.h"
-#include "prefill_node/corpus_windows.h"
-#include "prefill_node/pop_importance.h"
+#include "eval/pop/corpus_windows.h"
+#include "eval/pop/pop_importance.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {

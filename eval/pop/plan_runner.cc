@@ -1,5 +1,5 @@
 // Plan runner helpers; see plan_runner.h.
-#include "prefill_node/plan_runner.h"
+#include "eval/pop/plan_runner.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-// Quality of POP (Prefill-Only Pruning, ALGORITHMS.md §1) against the full model, and of its
+// Quality of POP (Prefill-Only Pruning, docs/algorithms.md) against the full model, and of its
 // controls, on corpus windows: mean next-token KL(full || method) over a teacher-forced
 // continuation, greedy agreement over generated tokens, and the continuation's perplexity.
 // Drives the shared forward pass with ForwardPlans; needs no prefill engine.
@@ -14,8 +14,8 @@
 #include "common/compute/model.h"
 #include "common/compute/plan.h"
 #include "common/kv/kv_layout.h"
+#include "eval/pop/corpus_windows.h"
 #include "nlohmann/json.hpp"
-#include "prefill_node/corpus_windows.h"
 
 namespace tripod {
 

@@ -1,5 +1,5 @@
 // Corpus windows; see corpus_windows.h.
-#include "prefill_node/corpus_windows.h"
+#include "eval/pop/corpus_windows.h"
 
 #include <algorithm>
 #include <fstream>

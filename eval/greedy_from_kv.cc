@@ -1,4 +1,4 @@
-#include "decode_node/greedy_from_kv.h"
+#include "eval/greedy_from_kv.h"
 
 #include <memory>
 #include <string>

@@ -1,7 +1,7 @@
 // eval-pop; see pop_eval.h. Every method runs the same two-pass shape as the reference (prompt
 // tokens 0..n-2, then the last prompt token with the continuation), so ratio 0 reproduces the
 // reference bit for bit and any difference is the method's.
-#include "prefill_node/pop_eval.h"
+#include "eval/pop/pop_eval.h"
 
 #include <algorithm>
 #include <chrono>
@@ -17,7 +17,7 @@
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/util/sample_stats.h"
 #include "common/util/status_macros.h"
-#include "prefill_node/plan_runner.h"
+#include "eval/pop/plan_runner.h"
 
 namespace tripod {
 namespace {
