@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/metrics/process_stats.h"
+#include "common/util/log.h"
 
 namespace tripod::metrics {
 
@@ -40,7 +41,7 @@ namespace {
 // Misuse of the API is a bug in the caller, found on its first run; there is no way to report
 // it from an Inc() and no sensible way to go on.
 [[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "tripod metrics: %s\n", message.c_str());
+  Logger("metrics").critical("{}", message);
   std::abort();
 }
 
