@@ -13,6 +13,7 @@ PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
   }
   const TransferOptions transfer = options.transfer;
   PrefillQueue::Options qo;
+  qo.name = "prefill";
   qo.max_queue = options.max_queue;
   queue_ = std::make_unique<PrefillQueue>(
       [this, transfer](const PrefillJob& job, CancelToken& cancel) {
