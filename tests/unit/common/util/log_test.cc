@@ -1,6 +1,8 @@
 // Tests for the module loggers (common/util/log.h).
 #include "common/util/log.h"
 
+#include <memory>
+
 #include "gtest/gtest.h"
 
 namespace tripod {
@@ -26,6 +28,7 @@ TEST(LogTest, OneLoggerPerModuleNamedAfterIt) {
 
 TEST(LogTest, TheLevelReachesLoggersMadeBeforeAndAfter) {
   const spdlog::level::level_enum was = spdlog::get_level();
+  const std::shared_ptr<spdlog::logger> default_was = spdlog::default_logger();
   spdlog::logger& before = Logger("log_test.before");
   SetUpLogging("log_test", spdlog::level::debug);
   EXPECT_TRUE(before.should_log(spdlog::level::debug));
@@ -36,6 +39,7 @@ TEST(LogTest, TheLevelReachesLoggersMadeBeforeAndAfter) {
   EXPECT_FALSE(Logger("log_test.after_warn").should_log(spdlog::level::info));
   EXPECT_TRUE(Logger("log_test.after_warn").should_log(spdlog::level::warn));
   SetUpLogging("log_test", was);
+  spdlog::set_default_logger(default_was);  // the other tests' output as it was
 }
 
 TEST(LogTest, RequestTagNamesTheRequest) {
