@@ -10,6 +10,7 @@
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/wait_for.h"
 
 namespace tripod {
 namespace {
@@ -38,15 +39,6 @@ TestQueue::Options Opts() {
   o.max_queue = 4;
   o.pin_compute_threads = false;
   return o;
-}
-
-bool WaitFor(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + kBound;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
 }
 
 // Holds each job on the engine until `open` (or its cancel); `finish` holds it off the engine.
