@@ -47,6 +47,13 @@ ABSL_FLAG(int64_t, lease_ms, 30000,
 namespace tripod {
 namespace {
 
+constexpr ProcessInfo kProcess{
+    .name = "tripod-decode",
+    .usage =
+        "tripod-decode [flags]: the decode worker (tripod.v1.Decode on gRPC, /health and "
+        "/metrics on HTTP)",
+    .invalid_argument_exit = 2};
+
 absl::Status CheckFlags() {
   if (absl::GetFlag(FLAGS_kv_budget_mb) <= 0) {
     return absl::InvalidArgumentError("--kv_budget_mb must be > 0");
@@ -138,10 +145,5 @@ absl::Status Serve(WorkerProcess& process) {
 }  // namespace tripod
 
 int main(int argc, char** argv) {
-  return tripod::RunProcess(
-      {.name = "tripod-decode",
-       .usage = "tripod-decode [flags]: the decode worker (tripod.v1.Decode on gRPC, /health and "
-                "/metrics on HTTP)",
-       .invalid_argument_exit = 2},
-      argc, argv, tripod::Serve);
+  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
 }

@@ -41,6 +41,12 @@ ABSL_FLAG(int, max_queue, 64, "requests waiting at most; more are refused (RESOU
 namespace tripod {
 namespace {
 
+constexpr ProcessInfo kProcess{
+    .name = "tripod-draft",
+    .usage =
+        "tripod-draft: the draft worker (tripod.v1.Draft on gRPC, /health and /metrics on "
+        "HTTP)"};
+
 absl::Status Serve(WorkerProcess& process) {
   const int max_queue = absl::GetFlag(FLAGS_max_queue);
   if (max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
@@ -91,9 +97,5 @@ absl::Status Serve(WorkerProcess& process) {
 }  // namespace tripod
 
 int main(int argc, char** argv) {
-  return tripod::RunProcess(
-      {.name = "tripod-draft",
-       .usage = "tripod-draft: the draft worker (tripod.v1.Draft on gRPC, /health and /metrics on "
-                "HTTP)"},
-      argc, argv, tripod::Serve);
+  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
 }

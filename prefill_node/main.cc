@@ -60,6 +60,12 @@ ABSL_FLAG(std::string, inject_transfer_faults, "",
 namespace tripod {
 namespace {
 
+constexpr ProcessInfo kProcess{
+    .name = "tripod-prefill",
+    .usage =
+        "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and "
+        "/metrics on HTTP)"};
+
 absl::StatusOr<PrefillOptions> EngineOptions(const WorkerProcess& process) {
   PrefillOptions o;
   ASSIGN_OR_RETURN(o.model_path, process.ModelPath());
@@ -176,9 +182,5 @@ absl::Status Serve(WorkerProcess& process) {
 }  // namespace tripod
 
 int main(int argc, char** argv) {
-  return tripod::RunProcess(
-      {.name = "tripod-prefill",
-       .usage = "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and "
-                "/metrics on HTTP)"},
-      argc, argv, tripod::Serve);
+  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
 }

@@ -30,6 +30,16 @@
 namespace tripod::scheduler {
 namespace {
 
+constexpr ProcessInfo kProcess{
+    .name = "tripod-scheduler",
+    .usage =
+        "tripod-scheduler --decode host:port[,...] [--prefill host:port[,...]] [flags]: "
+        "the OpenAI-compatible API and tripod.v1.Completion, routing requests through the "
+        "workers",
+    .invalid_argument_exit = 2,
+    .default_listen = "0.0.0.0:50051",
+    .default_http_listen = "0.0.0.0:8000"};
+
 absl::Status Serve(WorkerProcess& process) {
   ASSIGN_OR_RETURN(SchedulerFlags flags, SchedulerFlagsFromCommandLine());
   ASSIGN_OR_RETURN(ApiKeys keys, ApiKeys::Load(flags.api_key, flags.api_key_file));
@@ -97,13 +107,5 @@ absl::Status Serve(WorkerProcess& process) {
 }  // namespace tripod::scheduler
 
 int main(int argc, char** argv) {
-  return tripod::RunProcess(
-      {.name = "tripod-scheduler",
-       .usage = "tripod-scheduler --decode host:port[,...] [--prefill host:port[,...]] [flags]: "
-                "the OpenAI-compatible API and tripod.v1.Completion, routing requests through the "
-                "workers",
-       .invalid_argument_exit = 2,
-       .default_listen = "0.0.0.0:50051",
-       .default_http_listen = "0.0.0.0:8000"},
-      argc, argv, tripod::scheduler::Serve);
+  return tripod::RunProcess(tripod::scheduler::kProcess, argc, argv, tripod::scheduler::Serve);
 }
