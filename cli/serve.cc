@@ -47,6 +47,7 @@
 #include "cli/serve_models.h"
 #include "common/model/model_catalogue.h"
 #include "common/model/model_resolver.h"
+#include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "prefill_node/pop_config.h"
 
@@ -352,8 +353,8 @@ class Supervisor {
     while (running() && Clock::now() < until && !kill_now_) Poll(milliseconds(50));
     for (Child* c : which) {
       if (c->pid > 0) {
-        std::fprintf(stderr, "tripod serve: %s (pid %d) did not stop in time: SIGKILL\n",
-                     c->name.c_str(), c->pid);
+        Logger("serve").info("tripod serve: {} (pid {}) did not stop in time: SIGKILL", c->name,
+                             c->pid);
         kill(c->pid, SIGKILL);
       }
     }
@@ -467,12 +468,11 @@ void OnChildExit(Child& c, int status) {
   if (ran >= kStableRun) c.backoff = kFirstBackoff;
   c.restart_at = Clock::now() + c.backoff;
   ++c.restarts;
-  std::fprintf(stderr,
-               "tripod serve: %s (pid %d, up %.1f s) %s; restarting it in %.0f s on the same "
-               "ports (restart %d)\n",
-               c.name.c_str(), c.last_pid, std::chrono::duration<double>(ran).count(),
-               DescribeExit(status).c_str(), std::chrono::duration<double>(c.backoff).count(),
-               c.restarts);
+  Logger("serve").info(
+      "tripod serve: {} (pid {}, up {:.1f} s) {}; restarting it in {:.0f} s on the same ports "
+      "(restart {})",
+      c.name, c.last_pid, std::chrono::duration<double>(ran).count(), DescribeExit(status),
+      std::chrono::duration<double>(c.backoff).count(), c.restarts);
   c.backoff = std::min<Clock::duration>(c.backoff * 2, kMaxBackoff);
 }
 
@@ -499,7 +499,7 @@ absl::Status WritePrometheusTargets(const std::string& path, const std::vector<C
     return absl::UnavailableError(
         absl::StrCat("cannot rename ", tmp, " to ", path, ": ", std::strerror(errno)));
   }
-  std::fprintf(stderr, "tripod serve: Prometheus targets in %s\n", path.c_str());
+  Logger("serve").info("tripod serve: Prometheus targets in {}", path);
   return absl::OkStatus();
 }
 
@@ -634,14 +634,13 @@ absl::Status ServeMain() {
   workers = decoders;
   workers.insert(workers.end(), prefillers.begin(), prefillers.end());
   workers.insert(workers.end(), drafters.begin(), drafters.end());
-  std::fprintf(stderr,
-               "tripod serve: model %s; %d decode, %d prefill (POP %s) and %d draft worker(s), %d "
-               "compute thread(s) each, %s %d cores\n",
-               model.c_str(), n_decode, n_prefill, pop.c_str(), n_draft, threads,
-               split ? "splitting" : "sharing", cores);
+  Logger("serve").info(
+      "tripod serve: model {}; {} decode, {} prefill (POP {}) and {} draft worker(s), {} compute "
+      "thread(s) each, {} {} cores",
+      model, n_decode, n_prefill, pop, n_draft, threads, split ? "splitting" : "sharing", cores);
   if (n_draft > 0) {
-    std::fprintf(stderr, "tripod serve: draft model %s\n",
-                 models.draft.empty() ? "a self-draft of the model" : models.draft.c_str());
+    Logger("serve").info("tripod serve: draft model {}",
+                         models.draft.empty() ? "a self-draft of the model" : models.draft);
   }
   for (Child* w : workers) RETURN_IF_ERROR(sup.Start(*w));
   if (absl::Status s = AwaitListening(sup, workers); !s.ok()) {
@@ -653,9 +652,9 @@ absl::Status ServeMain() {
     return absl::StrJoin(out, ",");
   };
   for (const Child* w : workers) {
-    std::fprintf(stderr, "tripod serve: %s: gRPC %s, HTTP %s (pid %d)\n", w->name.c_str(),
-                 JoinHostPort(w->grpc_host, w->grpc_port).c_str(),
-                 JoinHostPort(w->http_host, w->http_port).c_str(), w->pid);
+    Logger("serve").info("tripod serve: {}: gRPC {}, HTTP {} (pid {})", w->name,
+                         JoinHostPort(w->grpc_host, w->grpc_port),
+                         JoinHostPort(w->http_host, w->http_port), w->pid);
   }
 
   Child* scheduler = nullptr;
@@ -721,26 +720,25 @@ absl::Status ServeMain() {
     for (Child& c : sup.children()) {
       if (c.pid == 0 && !sup.stop_requested() && now >= c.restart_at) {
         if (absl::Status s = sup.Start(c); !s.ok()) {
-          std::fprintf(stderr, "tripod serve: restarting %s: %s\n", c.name.c_str(),
-                       s.ToString().c_str());
+          Logger("serve").info("tripod serve: restarting {}: {}", c.name, s.ToString());
           c.restart_at = now + c.backoff;
           continue;
         }
-        std::fprintf(stderr, "tripod serve: %s restarted (pid %d)\n", c.name.c_str(), c.pid);
+        Logger("serve").info("tripod serve: {} restarted (pid {})", c.name, c.pid);
       }
       if (c.pid > 0 && !c.listening && ReadPortFile(c.port_file)) {
         c.listening = true;
         unlink(c.port_file.c_str());
         if (c.restarts > 0) {
-          std::fprintf(stderr, "tripod serve: %s listens again on gRPC %d, HTTP %d\n",
-                       c.name.c_str(), c.grpc_port, c.http_port);
+          Logger("serve").info("tripod serve: {} listens again on gRPC {}, HTTP {}", c.name,
+                               c.grpc_port, c.http_port);
         }
       }
     }
   }
-  std::fprintf(stderr, "tripod serve: stopping\n");
+  Logger("serve").info("tripod serve: stopping");
   sup.StopAll();
-  std::fprintf(stderr, "tripod serve: stopped\n");
+  Logger("serve").info("tripod serve: stopped");
   return absl::OkStatus();
 }
 

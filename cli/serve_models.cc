@@ -19,6 +19,7 @@
 #include "common/model/model_config.h"
 #include "common/model/model_resolver.h"
 #include "common/model/vocabulary_match.h"
+#include "common/util/log.h"
 #include "common/util/status_macros.h"
 
 ABSL_DECLARE_FLAG(int, draft_layers);              // cli/draft.cc
@@ -29,9 +30,7 @@ namespace {
 
 // Runs `script name` with its output on our stderr (stdout stays the URL's), waiting for it.
 absl::Status RunFetchModel(const std::string& script, const std::string& name) {
-  std::fprintf(stderr, "tripod serve: fetching %s (%s %s)\n", name.c_str(), script.c_str(),
-               name.c_str());
-  std::fflush(stderr);
+  Logger("serve").info("tripod serve: fetching {} ({} {})", name, script, name);
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {

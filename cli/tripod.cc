@@ -24,6 +24,7 @@
 #include "common/model/model_resolver.h"
 #include "common/model/sampler.h"
 #include "common/model/tokenizer.h"
+#include "common/util/flag_args.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
@@ -358,20 +359,9 @@ int main(int argc, char** argv) {
       "             --methods --tasks --samples --pop_rows on,off --pop 1/3 --shard I/N\n"
       "             --out ROWS --merge ROWS,...\n");
   // A bare `--chat` (no message) starts an interactive chat.
-  std::vector<char*> argv2(argv, argv + argc);
+  tripod::UnderscoredArgs underscored(argc, argv);  // --max-tokens: the flag --max_tokens
+  std::vector<char*> argv2(underscored.argv(), underscored.argv() + underscored.argc());
   static char interactive[] = "--interactive";
-  std::vector<std::string> normalized(argv2.begin(), argv2.end());
-  for (size_t i = 1; i < argv2.size(); ++i) {
-    // Flag names with dashes (--max-tokens) mean the abseil flag with underscores.
-    std::string& a = normalized[i];
-    if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
-      const size_t end = std::min(a.find('='), a.size());
-      for (size_t j = 2; j < end; ++j) {
-        if (a[j] == '-') a[j] = '_';
-      }
-      argv2[i] = a.data();
-    }
-  }
   for (size_t i = 0; i < argv2.size(); ++i) {
     const bool bare = std::strcmp(argv2[i], "--chat") == 0 &&
                       (i + 1 == argv2.size() || std::strncmp(argv2[i + 1], "--", 2) == 0);

@@ -9,6 +9,7 @@
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
 #include "common/kv/kv_dtype.h"
+#include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/stop_matcher.h"
@@ -566,7 +567,7 @@ void DecodeEngine::Loop() {
       if (stop_) return;
     }
     absl::Status s = Step();
-    if (!s.ok()) std::fprintf(stderr, "tripod decode: step failed: %s\n", s.ToString().c_str());
+    if (!s.ok()) Logger("decode.engine").error("step failed: {}", s.ToString());
     MutexLock lock(&mu_);
     if (stats_.steps == steps && incoming_.empty() && cancels_.empty() && tasks_.empty() &&
         !stop_) {

@@ -1,22 +1,32 @@
-// DraftWorker: admission in front of a DraftEngine, which runs one request at a time. A request
-// waits for the engine on its caller's thread (a gRPC handler), up to a bound on how many may
-// wait; one that is cancelled or whose deadline passes while it waits leaves the queue; on
-// shutdown new requests are refused and the waiting ones are given a grace period.
+// DraftWorker: a DraftEngine behind the shared job queue (common/rpc/job_queue.h): requests run
+// one at a time on the queue's engine thread, up to a bound on how many may wait. A request waits
+// on its caller's thread (a gRPC handler); one that is cancelled or whose deadline passes while
+// it waits leaves the queue; once it runs, it runs to its end. On shutdown new requests are
+// refused and the waiting ones are given a grace period.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/util/mutex.h"
+#include "common/rpc/job_queue.h"
 #include "draft_node/draft_engine.h"
 #include "draft_node/draft_metrics.h"
 
 namespace tripod {
 
 struct DraftOutcome {
+  absl::Status status;
   DraftResult result;
   double queue_s = 0, total_s = 0;
+};
+
+struct DraftJob {
+  uint64_t request_id = 0;                // anonymous: a Score is cancelled through its caller
+  const DraftRequest* request = nullptr;  // the caller's, who waits for the job to end
+  std::chrono::steady_clock::time_point accepted;
 };
 
 class DraftWorker {
@@ -33,21 +43,17 @@ class DraftWorker {
                                    const std::function<bool()>& cancelled);
 
   // Refuses new requests and waits up to `grace` for the queued and running ones.
-  void Shutdown(absl::Duration grace);
+  void Shutdown(absl::Duration grace) { queue_.Shutdown(grace); }
+  // What the process drains on SIGTERM (drain.h).
+  Drainable& drainable() { return queue_; }
 
-  int queued() const;
-  int running() const;
-  bool draining() const;
+  int queued() const { return queue_.queued(); }
+  int running() const { return queue_.running(); }
+  bool draining() const { return queue_.draining(); }
 
  private:
   DraftEngine& engine_;
-  DraftMetrics* metrics_;
-  const int max_queue_;
-  mutable Mutex mu_;  // common/util/mutex.h: TSan sees it
-  CondVar cv_;        // signalled when the engine falls free or a waiter leaves
-  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  JobQueue<DraftJob, DraftOutcome> queue_;
 };
 
 }  // namespace tripod

@@ -3,65 +3,39 @@
 // thread and streams its KV, layer by layer, to the decode worker the request names. Writes
 // {"grpc_port":N,"http_port":M} to --port_file once both listen. SIGTERM/SIGINT: stop accepting,
 // let requests finish within --grace_ms, cancel the rest, exit 0.
-#include <pthread.h>
-#include <signal.h>
 
-#include <cstdio>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/kv_transfer/nccl_kv_link.h"
 #include "common/compute/session.h"
+#include "common/kv_transfer/kv_link_cache.h"
+#include "common/kv_transfer/nccl_kv_link.h"
+#include "common/kv_transfer/transfer_faults.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
-#include "common/model/model_resolver.h"
+#include "common/rpc/engine_flags.h"
 #include "common/rpc/model_identity.h"
-#include "common/rpc/protocol.h"
-#include "common/rpc/stop_signals.h"
-#include "common/rpc/tls_flags.h"
+#include "common/rpc/worker_process.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 #include "grpcpp/grpcpp.h"
-#include "common/kv_transfer/kv_link_cache.h"
 #include "prefill_node/prefill_engine.h"
 #include "prefill_node/prefill_service.h"
 #include "prefill_node/prefill_worker.h"
-#include "common/kv_transfer/transfer_faults.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
-ABSL_FLAG(std::string, listen, "127.0.0.1:0", "gRPC address host:port (port 0: a free one)");
-ABSL_FLAG(std::string, http_listen, "127.0.0.1:0",
-          "HTTP address host:port for /health and /metrics (port 0: a free one)");
-ABSL_FLAG(std::string, port_file, "",
-          "write {\"grpc_port\":N,\"http_port\":M} here (atomically) once both listen");
-ABSL_FLAG(std::string, model, "",
-          "a GGUF file or a model catalogue name (scripts/fetch_model --list); default: the "
-          "bundled model");
-ABSL_FLAG(std::string, precision, "auto", "fp32 | bf16 | int8 | int16 | auto");
-ABSL_FLAG(std::string, backend, "cpu",
-          "cpu | cuda (bf16 weights, f16 KV on the GPU) | cpu-guarded-kv (tests: the CPU with "
-          "its KV out of the host code's reach, as a GPU's)");
 ABSL_FLAG(std::string, pop_ratio, "0",
           "POP pruning ratio of the plan loaded, e.g. 1/3 (0: full weights, any request's plan)");
 ABSL_FLAG(std::string, pop_layers, "",
           "skipped layers instead of a ratio, e.g. 20-29 or 3,7 (none: skip nothing)");
-ABSL_FLAG(int, threads, 0, "compute threads (0: all cores)");
 ABSL_FLAG(int, chunk, tripod::PrefillOptions{}.chunk, "prompt tokens per forward pass");
 ABSL_FLAG(int, max_queue, 64, "requests waiting at most; more are refused (RESOURCE_EXHAUSTED)");
-ABSL_FLAG(int, grace_ms, 10000, "on SIGTERM/SIGINT, how long requests in flight may finish");
 ABSL_FLAG(int, ack_timeout_ms, 30000,
           "how long a KV transfer waits for the decode side's acknowledgement of its end");
 ABSL_FLAG(int, send_stall_ms, 10000,
@@ -86,11 +60,18 @@ ABSL_FLAG(std::string, inject_transfer_faults, "",
 namespace tripod {
 namespace {
 
-absl::StatusOr<PrefillOptions> EngineOptions() {
+constexpr ProcessInfo kProcess{
+    .name = "tripod-prefill",
+    .usage =
+        "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and "
+        "/metrics on HTTP)"};
+
+absl::StatusOr<PrefillOptions> EngineOptions(const WorkerProcess& process) {
   PrefillOptions o;
-  ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
-  o.precision = absl::GetFlag(FLAGS_precision);
-  o.backend = absl::GetFlag(FLAGS_backend);
+  ASSIGN_OR_RETURN(o.model_path, process.ModelPath());
+  ASSIGN_OR_RETURN(const EngineFlags engine, SetUpEngineFlags());
+  o.precision = engine.precision;
+  o.backend = engine.backend;
   o.chunk = absl::GetFlag(FLAGS_chunk);
   if (o.chunk <= 0) return absl::InvalidArgumentError("--chunk must be positive");
   std::string ratio = absl::GetFlag(FLAGS_pop_ratio);
@@ -106,38 +87,26 @@ absl::StatusOr<PrefillOptions> EngineOptions() {
   return o;
 }
 
-absl::Status Serve(const sigset_t& signals) {
+absl::Status Serve(WorkerProcess& process) {
   const int max_queue = absl::GetFlag(FLAGS_max_queue);
-  const int grace_ms = absl::GetFlag(FLAGS_grace_ms);
-  const int threads = absl::GetFlag(FLAGS_threads);
   if (max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
-  if (grace_ms < 0) return absl::InvalidArgumentError("--grace_ms must not be negative");
-  if (threads < 0) return absl::InvalidArgumentError("--threads must not be negative");
   if (absl::GetFlag(FLAGS_ack_timeout_ms) <= 0 || absl::GetFlag(FLAGS_send_buffer_mb) <= 0 ||
       absl::GetFlag(FLAGS_send_stall_ms) <= 0) {
     return absl::InvalidArgumentError(
         "--ack_timeout_ms, --send_stall_ms and --send_buffer_mb must be positive");
   }
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  RETURN_IF_ERROR(ParseHostPort("listen", listen).status());  // gRPC takes the text itself
-  ASSIGN_OR_RETURN(const std::shared_ptr<grpc::ServerCredentials> credentials,
-                   SetUpGrpcTlsFromFlags());
-  ASSIGN_OR_RETURN(HostPort http_addr,
-                   ParseHostPort("http_listen", absl::GetFlag(FLAGS_http_listen)));
   ASSIGN_OR_RETURN(const TransferFaultRates faults,
                    ParseTransferFaults(absl::GetFlag(FLAGS_inject_transfer_faults)));
-  ASSIGN_OR_RETURN(PrefillOptions options, EngineOptions());
-  if (threads > 0) SetComputeThreads(threads);
+  ASSIGN_OR_RETURN(PrefillOptions options, EngineOptions(process));
 
   ASSIGN_OR_RETURN(ModelIdentityInfo identity, ComputeModelIdentity(options.model_path));
   v1::ModelIdentity model;
   ToWire(identity, &model);
   ASSIGN_OR_RETURN(std::unique_ptr<PrefillEngine> engine, PrefillEngine::Create(options));
   const ModelConfig& c = engine->model().config;
-  spdlog::info("tripod-prefill: model {} ({}), {}, plan {}, {} threads, chunk {}",
-               identity.file_name, engine->backend().name(),
-               DescribeSkipped(engine->skipped_layers(), c.n_layers), engine->plan().DebugString(),
-               ComputeThreads(), options.chunk);
+  spdlog::info("model {} ({}), {}, plan {}, {} threads, chunk {}", identity.file_name,
+               engine->backend().name(), DescribeSkipped(engine->skipped_layers(), c.n_layers),
+               engine->plan().DebugString(), ComputeThreads(), options.chunk);
 
   metrics::Registry registry;
   PrefillWorkerOptions wo;
@@ -148,8 +117,8 @@ absl::Status Serve(const sigset_t& signals) {
   if (faults.any()) {
     wo.transfer.faults = std::make_shared<TransferFaultInjector>(faults);
     spdlog::warn(
-        "tripod-prefill: TESTING ONLY: injecting KV transfer faults per chunk: drop {}, corrupt "
-        "{}, delay {} ({} ms)",
+        "TESTING ONLY: injecting KV transfer faults per chunk: drop {}, corrupt {}, "
+        "delay {} ({} ms)",
         faults.drop, faults.corrupt, faults.delay, faults.delay_ms);
     for (ChunkFault f : {ChunkFault::kDrop, ChunkFault::kCorrupt, ChunkFault::kDelay}) {
       registry.AddCallbackGauge(
@@ -203,56 +172,15 @@ absl::Status Serve(const sigset_t& signals) {
   PrefillWorker worker(*engine, &registry, wo);
   PrefillService service(worker, model);
 
-  grpc::ServerBuilder builder;
-  int grpc_port = 0;
-  builder.AddListeningPort(listen, credentials, &grpc_port);
-  builder.RegisterService(&service);
-  ConfigureWorkerServer(builder);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || grpc_port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for gRPC on ", listen));
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<metrics::HttpEndpoint> http,
-                   metrics::HttpEndpoint::Start(http_addr.host, http_addr.port, &registry, [&] {
-                     const v1::HealthResponse h = service.HealthNow();
-                     return metrics::HealthReport{!h.draining(), HealthJson(h)};
-                   }));
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) RETURN_IF_ERROR(WritePortFile(port_file, grpc_port, http->port()));
-  spdlog::info("tripod-prefill: gRPC on port {}, HTTP on port {}", grpc_port, http->port());
-
-  while (!WaitStopSignal(signals, absl::InfiniteDuration())) {
-  }
-  spdlog::info("tripod-prefill: stop signal: draining ({} ms grace)", grace_ms);
-  // New calls are refused from here (UNAVAILABLE); queued and running ones get the grace period,
-  // then are cancelled. Their handlers then answer, and the server stops.
-  worker.queue().Shutdown(absl::Milliseconds(grace_ms));
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  http->Stop();
-  spdlog::info("tripod-prefill: stopped");
-  return absl::OkStatus();
+  // Queued and running requests get the grace period, then are cancelled; new ones are refused
+  // (UNAVAILABLE) from the first signal.
+  return process.ServeWorker(
+      service, &registry, [&] { return service.HealthNow(); }, worker.queue());
 }
 
 }  // namespace
 }  // namespace tripod
 
 int main(int argc, char** argv) {
-  const sigset_t signals = tripod::BlockStopSignals();  // before any thread starts
-
-  absl::SetProgramUsageMessage(
-      "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and /metrics "
-      "on HTTP)");
-  const std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
-  if (rest.size() > 1) {
-    std::fprintf(stderr, "tripod-prefill: unexpected argument '%s' (flags only; see --help)\n",
-                 rest[1]);
-    return 2;
-  }
-  spdlog::set_default_logger(spdlog::stderr_color_mt("tripod-prefill"));
-  const absl::Status s = tripod::Serve(signals);
-  if (!s.ok()) {
-    spdlog::error("tripod-prefill: {}", s.ToString());
-    return 1;
-  }
-  return 0;
+  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
 }

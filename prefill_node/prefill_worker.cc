@@ -14,6 +14,7 @@ PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
   OpenKvSender open_sender = PushKvSenders(
       [this](const std::string& address) { return channels_.Get(address); }, options.transfer);
   PrefillQueue::Options qo;
+  qo.name = "prefill";
   qo.max_queue = options.max_queue;
   queue_ = std::make_unique<PrefillQueue>(
       [this, open_sender = std::move(open_sender)](const PrefillJob& job, CancelToken& cancel) {

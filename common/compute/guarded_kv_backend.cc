@@ -25,6 +25,7 @@
 #include "common/compute/forwarding_backend.h"
 #include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_staging.h"
+#include "common/util/log.h"
 
 namespace tripod {
 namespace {
@@ -134,7 +135,7 @@ class GuardedRegions {
     return static_cast<uint8_t*>(guarded);
   }
   [[noreturn]] static void Die(const char* what, const void* p) {
-    std::fprintf(stderr, "guarded KV memory: %s (%p)\n", what, p);
+    Logger("compute.guarded_kv").critical("guarded KV memory: {} ({})", what, p);
     std::abort();
   }
   mutable std::mutex mu_;

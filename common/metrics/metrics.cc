@@ -15,6 +15,7 @@
 #include "common/metrics/process_stats.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
+#include "common/util/log.h"
 
 namespace tripod::metrics {
 
@@ -42,7 +43,7 @@ namespace {
 // Misuse of the API is a bug in the caller, found on its first run; there is no way to report
 // it from an Inc() and no sensible way to go on.
 [[noreturn]] void Die(const std::string& message) {
-  std::fprintf(stderr, "tripod metrics: %s\n", message.c_str());
+  Logger("metrics").critical("{}", message);
   std::abort();
 }
 

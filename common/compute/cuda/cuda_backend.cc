@@ -25,12 +25,13 @@
 #include "common/compute/cuda/step_graph.h"
 #include "common/kv/kv_link_hash.h"
 #include "common/model/quant_types.h"
+#include "common/util/log.h"
 
 namespace tripod {
 namespace {
 
 [[noreturn]] void Fatal(const std::string& what) {
-  std::fprintf(stderr, "CUDA backend: %s\n", what.c_str());
+  Logger("compute.cuda").critical("CUDA backend: {}", what);
   std::abort();
 }
 

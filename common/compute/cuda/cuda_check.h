@@ -2,24 +2,31 @@
 // or a bug: the process stops with the call and the driver's message.
 #pragma once
 
-#include <cstdio>
 #include <cstdlib>
 
-#define TRIPOD_CUDA_CHECK(expr)                                                        \
-  do {                                                                                 \
-    const cudaError_t err_ = (expr);                                                   \
-    if (err_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "CUDA error at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cudaGetErrorString(err_));                                          \
-      std::abort();                                                                    \
-    }                                                                                  \
+#include "common/util/log.h"
+
+namespace tripod {
+
+[[noreturn]] inline void CudaCallFailed(const char* api, const char* file, int line,
+                                        const char* call, const char* message) {
+  Logger("compute.cuda").critical("{} error at {}:{}: {}: {}", api, file, line, call, message);
+  std::abort();
+}
+
+}  // namespace tripod
+
+#define TRIPOD_CUDA_CHECK(expr)                                                            \
+  do {                                                                                     \
+    const cudaError_t err_ = (expr);                                                       \
+    if (err_ != cudaSuccess) {                                                             \
+      tripod::CudaCallFailed("CUDA", __FILE__, __LINE__, #expr, cudaGetErrorString(err_)); \
+    }                                                                                      \
   } while (0)
-#define TRIPOD_CUBLAS_CHECK(expr)                                                        \
-  do {                                                                                   \
-    const cublasStatus_t st_ = (expr);                                                   \
-    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                  \
-      std::fprintf(stderr, "cuBLAS error at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
-                   cublasGetStatusString(st_));                                          \
-      std::abort();                                                                      \
-    }                                                                                    \
+#define TRIPOD_CUBLAS_CHECK(expr)                                                              \
+  do {                                                                                         \
+    const cublasStatus_t st_ = (expr);                                                         \
+    if (st_ != CUBLAS_STATUS_SUCCESS) {                                                        \
+      tripod::CudaCallFailed("cuBLAS", __FILE__, __LINE__, #expr, cublasGetStatusString(st_)); \
+    }                                                                                          \
   } while (0)

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "common/compute/cuda/cuda_check.h"
+#include "common/util/log.h"
 
 namespace tripod {
 
@@ -87,10 +88,11 @@ cudaGraphExec_t StepGraphs::Capture(const LaunchFn& launch, uint8_t* arena) {
   }
   if (err != cudaSuccess || exec == nullptr) {
     cudaGetLastError();  // clear it: the step runs op by op instead
-    std::fprintf(stderr,
-                 "CUDA backend: capturing a decode step as a graph failed (%s); decode steps run "
-                 "op by op from now on\n",
-                 cudaGetErrorString(err));
+    Logger("compute.cuda")
+        .warn(
+            "CUDA backend: capturing a decode step as a graph failed ({}); decode steps run op by "
+            "op from now on",
+            cudaGetErrorString(err));
     failed_ = true;
     return nullptr;
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "tests/unit/wait_for.h"
 
 namespace tripod {
 namespace {
@@ -80,15 +81,6 @@ PrefillQueue::Options Opts(int max_queue) {
   o.max_queue = max_queue;
   o.pin_compute_threads = false;
   return o;
-}
-
-bool WaitFor(const std::function<bool()>& cond) {
-  const absl::Time deadline = absl::Now() + kBound;
-  while (!cond()) {
-    if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
 }
 
 TEST(PrefillQueueTest, RunsInOrderAndBoundsTheQueue) {

@@ -1,5 +1,5 @@
 // CancelToken; see cancel_token.h.
-#include "prefill_node/cancel_token.h"
+#include "common/util/cancel_token.h"
 
 #include <utility>
 

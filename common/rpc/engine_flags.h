@@ -1,0 +1,21 @@
+// The flags of the three processes that run a model (tripod-prefill, -decode, -draft): --backend,
+// --precision and --threads. In an object of their own, which the scheduler does not link, so
+// that it takes none of them.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace tripod {
+
+struct EngineFlags {
+  std::string backend;    // cpu | cuda | cpu-guarded-kv
+  std::string precision;  // fp32 | bf16 | int8 | int16 | auto
+};
+
+// Checks --threads and sets the compute threads from it (0: all cores; thread_pool.h), and returns
+// the rest.
+absl::StatusOr<EngineFlags> SetUpEngineFlags();
+
+}  // namespace tripod
