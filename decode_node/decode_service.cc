@@ -1,8 +1,6 @@
 // DecodeService; see decode_service.h.
 #include "decode_node/decode_service.h"
 
-#include <deque>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -10,6 +8,7 @@
 #include "common/model/utf8.h"
 #include "common/rpc/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
+#include "common/rpc/server_stream_writer.h"
 #include "spdlog/spdlog.h"
 
 namespace tripod {
@@ -62,18 +61,18 @@ double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 }  // namespace
 
 // One Generate call. Nothing waits for it on a thread: it moves on when its transfer settles
-// (KvTransfers::WhenSettled), when the engine sends an event (its thread), when a write is done,
-// when the client goes away (OnCancel) and on a Cancel call. Its state is shared by the reactor
+// (KvTransfers::WhenSettled), when the engine sends an event (its thread), when the client goes
+// away (the stream writer's hook) and on a Cancel call. Its state is shared by the stream writer
 // (until OnDone), the engine's callback, the transfer's waiter and calls_, so that whichever of
-// them comes last frees it.
+// them comes last frees it. The writes themselves are the writer's (server_stream_writer.h).
 struct DecodeService::Call {
-  using Reactor = grpc::ServerWriteReactor<v1::GenerateResponse>;
+  using Stream = ServerStreamWriter<v1::GenerateResponse>;
 
   DecodeService* service = nullptr;
   DecodeEngine* engine = nullptr;
   KvTransfers* transfers = nullptr;
   DecodeMetrics* metrics = nullptr;
-  Reactor* reactor = nullptr;  // used until Finish is called
+  std::shared_ptr<Stream> stream;  // set once, before the call is shared
   uint64_t request_id = 0;
   uint64_t transfer_id = 0;
   int n_prompt = 0;
@@ -84,15 +83,9 @@ struct DecodeService::Call {
   absl::Time submitted ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
   int64_t engine_id ABSL_GUARDED_BY(mu) = 0;     // 0 until submitted
   bool cancelled ABSL_GUARDED_BY(mu) = false;    // Cancel RPC or CancelAll
-  bool client_gone ABSL_GUARDED_BY(mu) = false;  // OnCancel, or a write failed
+  bool client_gone ABSL_GUARDED_BY(mu) = false;  // the writer's on_client_gone
   bool ended ABSL_GUARDED_BY(mu) = false;        // its final event is out, or none will come
-  bool rpc_done ABSL_GUARDED_BY(mu) = false;     // OnDone: gRPC let go of the reactor
-  std::deque<v1::GenerateResponse> queued ABSL_GUARDED_BY(mu);
-  bool writing ABSL_GUARDED_BY(mu) = false;
-  // The message being written: gRPC reads it until OnWriteDone, and nothing else touches it then.
-  v1::GenerateResponse in_write;
-  std::optional<grpc::Status> finish ABSL_GUARDED_BY(mu);  // the call's status, once known
-  bool finish_called ABSL_GUARDED_BY(mu) = false;
+  bool rpc_done ABSL_GUARDED_BY(mu) = false;     // OnDone: gRPC let go of the writer
   int completion ABSL_GUARDED_BY(mu) = 0;
   absl::Time first_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   absl::Time last_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
@@ -111,69 +104,22 @@ struct DecodeService::Call {
     if (forget) service->Forget(this);
   }
 
-  // Writes what is queued, one message at a time, then finishes the call once its status is
-  // known and nothing is left to write (gRPC takes one write at a time, and no Finish while one
-  // is outstanding). Any thread, mu not held.
-  void Pump() ABSL_LOCKS_EXCLUDED(mu) {
-    bool write = false;
-    grpc::Status status;
-    {
-      MutexLock lock(&mu);
-      if (writing || finish_called) return;
-      if (!queued.empty() && !client_gone) {
-        in_write = std::move(queued.front());
-        queued.pop_front();
-        writing = write = true;
-      } else if (finish.has_value()) {
-        finish_called = true;
-        status = *finish;
-      } else {
-        return;
-      }
-    }
-    if (write) {
-      reactor->StartWrite(&in_write);
-    } else {
-      --service->handlers_;  // before the client can see the end (in_flight, the drain)
-      reactor->Finish(status);
-    }
-  }
-
-  void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu) {
-    {
-      MutexLock lock(&mu);
-      writing = false;
-    }
-    if (!ok) {
-      ClientGone();  // the stream is broken: the client went away
-    } else {
-      Pump();
-    }
-  }
-
   // The client went away (or the call's deadline passed, or the server shuts down): the request
-  // stops wherever it is, and the call ends CANCELLED without waiting for the engine.
+  // stops wherever it is; the writer ends the call CANCELLED without waiting for the engine.
   void ClientGone() ABSL_LOCKS_EXCLUDED(mu) {
     int64_t id = 0;
-    bool waiting = false, first = false;
+    bool waiting = false;
     {
       MutexLock lock(&mu);
-      first = !client_gone;
       client_gone = true;
-      queued.clear();
       id = engine_id;
       waiting = transfer_id != 0 && id == 0 && !ended;
-      if (!finish.has_value())
-        finish = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
     }
-    if (first && id != 0) {
+    if (id != 0) {
       engine->Cancel(id);
-    } else if (first && waiting) {
+    } else if (waiting) {
       transfers->Cancel(transfer_id, "the Generate call's client went away");
     }
-    // Also the second time (OnCancel while a write was out, then that write failing): the
-    // call's Finish waits for the write, and only this Pump issues it.
-    Pump();
   }
 
   // A Cancel call or CancelAll: the request ends with a cancelled finish event.
@@ -198,11 +144,7 @@ struct DecodeService::Call {
     metrics->GenerateRejected(s);
     spdlog::info("generate request_id={} transfer={} prompt={} rejected: {}", request_id,
                  transfer_id, n_prompt, s.ToString());
-    {
-      MutexLock lock(&mu);
-      if (!finish.has_value()) finish = ToGrpcStatus(s);
-    }
-    Pump();
+    stream->End(ToGrpcStatus(s));
     MarkEnded();
   }
 
@@ -217,12 +159,8 @@ struct DecodeService::Call {
     metrics->GenerateDone("cancelled", n_prompt, 0, 0, GenerateTimes{});
     spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
                  request_id, transfer_id, n_prompt, why);
-    {
-      MutexLock lock(&mu);
-      if (!client_gone) queued.push_back(std::move(r));
-      if (!finish.has_value()) finish = grpc::Status::OK;
-    }
-    Pump();
+    stream->Write(std::move(r));
+    stream->End(grpc::Status::OK);
     MarkEnded();
   }
 
@@ -267,10 +205,10 @@ void DecodeService::Call::OnEvent(const TokenEvent& ev) {
       done_completion = completion;
       gone = client_gone;
       id = engine_id;
-      if (!finish.has_value()) finish = grpc::Status::OK;
     }
-    if (!client_gone) queued.push_back(std::move(out));
   }
+  stream->Write(std::move(out));  // dropped if the client is gone
+  if (final) stream->End(grpc::Status::OK);
   if (final) {
     const char* name = gone ? "cancelled" : FinishReasonName(ev.finish);
     metrics->GenerateDone(name, n_prompt, done_completion, ev.cached_tokens, times);
@@ -281,31 +219,8 @@ void DecodeService::Call::OnEvent(const TokenEvent& ev) {
         times.ttft_s, gone ? " (client went away)" : "",
         ev.error.empty() ? std::string() : " error: " + ev.error);
   }
-  Pump();
   if (final) MarkEnded();
 }
-
-// The reactor gRPC drives: forwards to the call, and lets go of it when gRPC is done.
-class DecodeService::GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  GenerateReactor(DecodeService& service, std::shared_ptr<Call> call)
-      : service_(service), call_(std::move(call)) {
-    call_->reactor = this;
-    ++service_.handlers_;
-    MutexLock lock(&service_.calls_mu_);
-    service_.calls_[call_.get()] = call_;
-  }
-  void OnWriteDone(bool ok) override { call_->WriteDone(ok); }
-  void OnCancel() override { call_->ClientGone(); }
-  void OnDone() override {
-    call_->MarkRpcDone();
-    delete this;
-  }
-
- private:
-  DecodeService& service_;
-  const std::shared_ptr<Call> call_;
-};
 
 absl::StatusOr<SamplingParams> SamplingFromWire(const v1::SamplingParams& p) {
   SamplingParams s;
@@ -567,13 +482,19 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   call->transfer_id = req->transfer_id();
   call->n_prompt = req->prompt_size();
   call->accepted = absl::Now();
-  auto* reactor = new GenerateReactor(*this, call);
+  StreamHooks hooks;
+  hooks.on_client_gone = [call] { call->ClientGone(); };
+  hooks.before_finish = [this] { --handlers_; };  // before the client sees the end (the drain)
+  hooks.on_done = [call] { call->MarkRpcDone(); };
+  call->stream = std::make_shared<Call::Stream>(std::move(hooks));
+  grpc::ServerWriteReactor<v1::GenerateResponse>* reactor = call->stream->Open();
+  ++handlers_;
+  {
+    MutexLock lock(&calls_mu_);
+    calls_[call.get()] = call;
+  }
   if (grpc::Status st = CheckProtocol(*context); !st.ok()) {
-    {
-      MutexLock lock(&call->mu);
-      call->finish = st;
-    }
-    call->Pump();
+    call->stream->End(st);
     call->MarkEnded();
     return reactor;
   }
