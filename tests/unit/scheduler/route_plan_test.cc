@@ -448,7 +448,8 @@ TEST(RoutePlanTest, AfterPrefillFailed) {
 
 TEST(RoutePlanTest, AfterStream) {
   auto dead = Decode("d:dead");
-  auto roomy = Decode("d:roomy", 5, 900), small = Decode("d:small", 0, 10);  // 10 x 16 tokens
+  // 7 blocks of 16 tokens hold the 100-token prompt, not the prompt and the 20 tokens streamed.
+  auto roomy = Decode("d:roomy", 5, 900), small = Decode("d:small", 0, 7);
   const absl::Status gone = absl::UnavailableError("socket closed");
   StreamEnd base;
   base.prompt_tokens = 100;
