@@ -5,10 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/utf8.h"
 #include "common/rpc/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
-#include "common/rpc/server_stream_writer.h"
+#include "decode_node/generate_call.h"
 #include "spdlog/spdlog.h"
 
 namespace tripod {
@@ -25,202 +24,9 @@ class HandlerScope {
   std::atomic<int>& n_;
 };
 
-v1::FinishReason FinishToWire(FinishReason f) {
-  switch (f) {
-    case FinishReason::kNone:
-      return v1::FINISH_NONE;
-    case FinishReason::kStop:
-      return v1::FINISH_STOP;
-    case FinishReason::kLength:
-      return v1::FINISH_LENGTH;
-    case FinishReason::kCancelled:
-      return v1::FINISH_CANCELLED;
-    case FinishReason::kError:
-      return v1::FINISH_ERROR;
-  }
-  return v1::FINISH_ERROR;
-}
-
-void EventToWire(const TokenEvent& ev, v1::GenerateResponse* out) {
-  out->set_token(ev.token);
-  out->set_index(ev.index);
-  out->set_text(ToValidUtf8(ev.text));  // a string field: an ill-formed byte fails the parse
-  out->set_logprob(ev.logprob);
-  for (const TokenLogprob& t : ev.top_logprobs) {
-    v1::TopLogprob* p = out->add_top_logprobs();
-    p->set_token(t.id);
-    p->set_logprob(t.logprob);
-  }
-  out->set_finish(FinishToWire(ev.finish));
-  if (!ev.error.empty()) out->set_error(ev.error);
-  out->set_text_held(ev.text_held);
-}
-
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
-
-// One Generate call. Nothing waits for it on a thread: it moves on when its transfer settles
-// (KvTransfers::WhenSettled), when the engine sends an event (its thread), when the client goes
-// away (the stream writer's hook) and on a Cancel call. Its state is shared by the stream writer
-// (until OnDone), the engine's callback, the transfer's waiter and calls_, so that whichever of
-// them comes last frees it. The writes themselves are the writer's (server_stream_writer.h).
-struct DecodeService::Call {
-  using Stream = ServerStreamWriter<v1::GenerateResponse>;
-
-  DecodeService* service = nullptr;
-  DecodeEngine* engine = nullptr;
-  KvTransfers* transfers = nullptr;
-  DecodeMetrics* metrics = nullptr;
-  std::shared_ptr<Stream> stream;  // set once, before the call is shared
-  uint64_t request_id = 0;
-  uint64_t transfer_id = 0;
-  int n_prompt = 0;
-  absl::Time accepted;
-
-  Mutex mu;
-  DecodeRequest request ABSL_GUARDED_BY(mu);  // until submitted
-  absl::Time submitted ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
-  int64_t engine_id ABSL_GUARDED_BY(mu) = 0;     // 0 until submitted
-  bool cancelled ABSL_GUARDED_BY(mu) = false;    // Cancel RPC or CancelAll
-  bool client_gone ABSL_GUARDED_BY(mu) = false;  // the writer's on_client_gone
-  bool ended ABSL_GUARDED_BY(mu) = false;        // its final event is out, or none will come
-  bool rpc_done ABSL_GUARDED_BY(mu) = false;     // OnDone: gRPC let go of the writer
-  int completion ABSL_GUARDED_BY(mu) = 0;
-  absl::Time first_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  absl::Time last_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-
-  // Marks one of the two ends; the call leaves calls_ (and the service's care) after both.
-  void MarkEnded() ABSL_LOCKS_EXCLUDED(mu) { Mark(&Call::ended); }
-  void MarkRpcDone() ABSL_LOCKS_EXCLUDED(mu) { Mark(&Call::rpc_done); }
-  void Mark(bool Call::*flag) ABSL_LOCKS_EXCLUDED(mu) {
-    bool forget = false;
-    {
-      MutexLock lock(&mu);
-      if (this->*flag) return;
-      this->*flag = true;
-      forget = ended && rpc_done;
-    }
-    if (forget) service->Forget(this);
-  }
-
-  // The client went away (or the call's deadline passed, or the server shuts down): the request
-  // stops wherever it is; the writer ends the call CANCELLED without waiting for the engine.
-  void ClientGone() ABSL_LOCKS_EXCLUDED(mu) {
-    int64_t id = 0;
-    bool waiting = false;
-    {
-      MutexLock lock(&mu);
-      client_gone = true;
-      id = engine_id;
-      waiting = transfer_id != 0 && id == 0 && !ended;
-    }
-    if (id != 0) {
-      engine->Cancel(id);
-    } else if (waiting) {
-      transfers->Cancel(transfer_id, "the Generate call's client went away");
-    }
-  }
-
-  // A Cancel call or CancelAll: the request ends with a cancelled finish event.
-  void RequestCancel() ABSL_LOCKS_EXCLUDED(mu) {
-    int64_t id = 0;
-    bool waiting = false;
-    {
-      MutexLock lock(&mu);
-      cancelled = true;
-      id = engine_id;
-      waiting = transfer_id != 0 && id == 0 && !ended;
-    }
-    if (id != 0) {
-      engine->Cancel(id);
-    } else if (waiting) {
-      transfers->Cancel(transfer_id, "its Generate call was cancelled");
-    }
-  }
-
-  // Before the request reached the engine: the call's status says why (nothing streamed).
-  void Reject(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu) {
-    metrics->GenerateRejected(s);
-    spdlog::info("generate request_id={} transfer={} prompt={} rejected: {}", request_id,
-                 transfer_id, n_prompt, s.ToString());
-    stream->End(ToGrpcStatus(s));
-    MarkEnded();
-  }
-
-  // Cancelled before it reached the engine: one end-only event (none if the client is gone).
-  void EndCancelled(const std::string& why) ABSL_LOCKS_EXCLUDED(mu) {
-    v1::GenerateResponse r;
-    r.set_token(-1);
-    r.set_finish(v1::FINISH_CANCELLED);
-    r.set_error(why);
-    r.mutable_usage()->set_prompt_tokens(n_prompt);
-    r.mutable_timing()->set_queue_s(absl::ToDoubleSeconds(absl::Now() - accepted));
-    metrics->GenerateDone("cancelled", n_prompt, 0, 0, GenerateTimes{});
-    spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
-                 request_id, transfer_id, n_prompt, why);
-    stream->Write(std::move(r));
-    stream->End(grpc::Status::OK);
-    MarkEnded();
-  }
-
-  // The engine's callback (its thread).
-  void OnEvent(const TokenEvent& ev) ABSL_LOCKS_EXCLUDED(mu);
-};
-
-void DecodeService::Call::OnEvent(const TokenEvent& ev) {
-  const absl::Time now = absl::Now();
-  v1::GenerateResponse out;
-  EventToWire(ev, &out);
-  const bool final = ev.finish != FinishReason::kNone;
-  int done_completion = 0;
-  GenerateTimes times;
-  bool gone = false;
-  int64_t id = 0;
-  {
-    MutexLock lock(&mu);
-    if (ev.token >= 0) {
-      ++completion;
-      if (completion == 1) first_token = now;
-      if (completion > 1) metrics->InterToken(Seconds(now - last_token));
-      last_token = now;
-    }
-    if (final) {
-      v1::Usage* u = out.mutable_usage();
-      u->set_prompt_tokens(n_prompt);
-      u->set_completion_tokens(completion);
-      u->set_cached_tokens(ev.cached_tokens);
-      v1::DecodeTiming* t = out.mutable_timing();
-      t->set_queue_s(ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds
-                                           : Seconds(now - accepted));
-      if (completion > 0) {
-        t->set_first_token_s(Seconds(first_token - accepted));
-        t->set_decode_s(Seconds(last_token - first_token));
-      }
-      times.ttft_s = completion > 0 ? Seconds(first_token - accepted) : -1;
-      times.tpot_s = completion > 1 ? Seconds(last_token - first_token) / (completion - 1) : -1;
-      times.decode_s = completion > 0 ? Seconds(last_token - first_token) : -1;
-      times.queue_s = ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds : -1;
-      times.e2e_s = Seconds(now - accepted);
-      done_completion = completion;
-      gone = client_gone;
-      id = engine_id;
-    }
-  }
-  stream->Write(std::move(out));  // dropped if the client is gone
-  if (final) stream->End(grpc::Status::OK);
-  if (final) {
-    const char* name = gone ? "cancelled" : FinishReasonName(ev.finish);
-    metrics->GenerateDone(name, n_prompt, done_completion, ev.cached_tokens, times);
-    spdlog::info(
-        "generate request_id={} id={} transfer={} prompt={} cached={} completion={} finish={} "
-        "ttft={:.3f}s{}{}",
-        request_id, id, transfer_id, n_prompt, ev.cached_tokens, done_completion, name,
-        times.ttft_s, gone ? " (client went away)" : "",
-        ev.error.empty() ? std::string() : " error: " + ev.error);
-  }
-  if (final) MarkEnded();
-}
 
 absl::StatusOr<SamplingParams> SamplingFromWire(const v1::SamplingParams& p) {
   SamplingParams s;
@@ -474,7 +280,7 @@ grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* con
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* req) {
   auto call = std::make_shared<Call>();
-  call->service = this;
+  call->forget = [this](GenerateCall* c) { Forget(c); };
   call->engine = &engine_;
   call->transfers = transfers_.get();
   call->metrics = &metrics_;

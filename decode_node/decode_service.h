@@ -47,6 +47,8 @@
 
 namespace tripod {
 
+struct GenerateCall;
+
 struct DecodeServiceOptions {
   KvTransfersOptions transfers;
   KvLinksOptions links;  // which KV links (OpenKvLink) this worker takes
@@ -98,7 +100,7 @@ class DecodeService final : public DecodeServiceBase {
   KvTransfers& transfers() { return *transfers_; }
 
  private:
-  struct Call;
+  using Call = GenerateCall;  // generate_call.h
   // The call's transfer completed or ended: adopt its KV and submit, or end the call.
   void TransferSettled(const std::shared_ptr<Call>& call);
   // Submits the call's request to the engine (with its transfer's KV, if any).
