@@ -70,35 +70,26 @@ struct GenerateCall {
   // The client went away (or the call's deadline passed, or the server shuts down): the request
   // stops wherever it is; the writer ends the call CANCELLED without waiting for the engine.
   void ClientGone() ABSL_LOCKS_EXCLUDED(mu) {
-    int64_t id = 0;
-    bool waiting = false;
-    {
-      MutexLock lock(&mu);
-      client_gone = true;
-      id = engine_id;
-      waiting = transfer_id != 0 && id == 0 && !ended;
-    }
-    if (id != 0) {
-      engine->Cancel(id);
-    } else if (waiting) {
-      transfers->Cancel(transfer_id, "the Generate call's client went away");
-    }
+    Stop(&GenerateCall::client_gone, "the Generate call's client went away");
   }
-
   // A Cancel call or CancelAll: the request ends with a cancelled finish event.
   void RequestCancel() ABSL_LOCKS_EXCLUDED(mu) {
+    Stop(&GenerateCall::cancelled, "its Generate call was cancelled");
+  }
+  // Sets `flag` and stops the request where it is: in the engine, or waiting for its transfer.
+  void Stop(bool GenerateCall::*flag, const char* why) ABSL_LOCKS_EXCLUDED(mu) {
     int64_t id = 0;
     bool waiting = false;
     {
       MutexLock lock(&mu);
-      cancelled = true;
+      this->*flag = true;
       id = engine_id;
       waiting = transfer_id != 0 && id == 0 && !ended;
     }
     if (id != 0) {
       engine->Cancel(id);
     } else if (waiting) {
-      transfers->Cancel(transfer_id, "its Generate call was cancelled");
+      transfers->Cancel(transfer_id, why);
     }
   }
 
