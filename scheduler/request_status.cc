@@ -2,6 +2,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "scheduler/openai_response.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -36,25 +37,15 @@ absl::Status WorkerFailure(absl::string_view what, const absl::Status& status) {
 }
 
 int HttpStatusOf(const absl::Status& status) {
-  switch (status.code()) {
-    case absl::StatusCode::kInvalidArgument:
-      return 400;
-    case absl::StatusCode::kResourceExhausted:
-      return 429;
-    case absl::StatusCode::kUnavailable:
-      return 503;
-    default:
-      return 500;
-  }
+  // absl's codes are gRPC's, number for number.
+  return HttpStatusForGrpcCode(static_cast<grpc::StatusCode>(status.code()));
 }
 
 ApiError ToApiError(const absl::Status& status) {
   ApiError e;
   e.http_status = HttpStatusOf(status);
   e.message = std::string(status.message());
-  e.type = e.http_status == 400   ? "invalid_request_error"
-           : e.http_status == 429 ? "rate_limit_error"
-                                  : "server_error";
+  e.type = DefaultErrorType(e.http_status);
   e.code = ErrorCode(status);
   return e;
 }

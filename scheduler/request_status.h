@@ -22,8 +22,8 @@ std::string ErrorCode(const absl::Status& status);
 // UNAVAILABLE, DEADLINE_EXCEEDED) is UNAVAILABLE "worker_unavailable"; anything else INTERNAL.
 absl::Status WorkerFailure(absl::string_view what, const absl::Status& status);
 
-// The front ends' view: INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, anything
-// else 500.
+// The front ends' view, as for a gRPC status (openai_response.h): INVALID_ARGUMENT 400,
+// RESOURCE_EXHAUSTED 429, UNAVAILABLE 503, INTERNAL 500...
 int HttpStatusOf(const absl::Status& status);
 ApiError ToApiError(const absl::Status& status);
 
