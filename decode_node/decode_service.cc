@@ -1,16 +1,14 @@
 // DecodeService; see decode_service.h.
 #include "decode_node/decode_service.h"
 
-#include <deque>
-#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/kv_transfer/kv_receiver.h"
-#include "common/model/utf8.h"
 #include "common/rpc/protocol.h"
+#include "decode_node/generate_call.h"
 #include "spdlog/spdlog.h"
 
 namespace tripod {
@@ -27,286 +25,9 @@ class HandlerScope {
   std::atomic<int>& n_;
 };
 
-v1::FinishReason FinishToWire(FinishReason f) {
-  switch (f) {
-    case FinishReason::kNone:
-      return v1::FINISH_NONE;
-    case FinishReason::kStop:
-      return v1::FINISH_STOP;
-    case FinishReason::kLength:
-      return v1::FINISH_LENGTH;
-    case FinishReason::kCancelled:
-      return v1::FINISH_CANCELLED;
-    case FinishReason::kError:
-      return v1::FINISH_ERROR;
-  }
-  return v1::FINISH_ERROR;
-}
-
-void EventToWire(const TokenEvent& ev, v1::GenerateResponse* out) {
-  out->set_token(ev.token);
-  out->set_index(ev.index);
-  out->set_text(ToValidUtf8(ev.text));  // a string field: an ill-formed byte fails the parse
-  out->set_logprob(ev.logprob);
-  for (const TokenLogprob& t : ev.top_logprobs) {
-    v1::TopLogprob* p = out->add_top_logprobs();
-    p->set_token(t.id);
-    p->set_logprob(t.logprob);
-  }
-  out->set_finish(FinishToWire(ev.finish));
-  if (!ev.error.empty()) out->set_error(ev.error);
-  out->set_text_held(ev.text_held);
-}
-
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
 }  // namespace
-
-// One Generate call. Nothing waits for it on a thread: it moves on when its transfer settles
-// (KvTransfers::WhenSettled), when the engine sends an event (its thread), when a write is done,
-// when the client goes away (OnCancel) and on a Cancel call. Its state is shared by the reactor
-// (until OnDone), the engine's callback, the transfer's waiter and calls_, so that whichever of
-// them comes last frees it.
-struct DecodeService::Call {
-  using Reactor = grpc::ServerWriteReactor<v1::GenerateResponse>;
-
-  DecodeService* service = nullptr;
-  DecodeEngine* engine = nullptr;
-  KvTransfers* transfers = nullptr;
-  DecodeMetrics* metrics = nullptr;
-  Reactor* reactor = nullptr;  // used until Finish is called
-  uint64_t request_id = 0;
-  uint64_t transfer_id = 0;
-  int n_prompt = 0;
-  absl::Time accepted;
-
-  Mutex mu;
-  DecodeRequest request ABSL_GUARDED_BY(mu);  // until submitted
-  absl::Time submitted ABSL_GUARDED_BY(mu) = absl::InfiniteFuture();
-  int64_t engine_id ABSL_GUARDED_BY(mu) = 0;     // 0 until submitted
-  bool cancelled ABSL_GUARDED_BY(mu) = false;    // Cancel RPC or CancelAll
-  bool client_gone ABSL_GUARDED_BY(mu) = false;  // OnCancel, or a write failed
-  bool ended ABSL_GUARDED_BY(mu) = false;        // its final event is out, or none will come
-  bool rpc_done ABSL_GUARDED_BY(mu) = false;     // OnDone: gRPC let go of the reactor
-  std::deque<v1::GenerateResponse> queued ABSL_GUARDED_BY(mu);
-  bool writing ABSL_GUARDED_BY(mu) = false;
-  // The message being written: gRPC reads it until OnWriteDone, and nothing else touches it then.
-  v1::GenerateResponse in_write;
-  std::optional<grpc::Status> finish ABSL_GUARDED_BY(mu);  // the call's status, once known
-  bool finish_called ABSL_GUARDED_BY(mu) = false;
-  int completion ABSL_GUARDED_BY(mu) = 0;
-  absl::Time first_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-  absl::Time last_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
-
-  // Marks one of the two ends; the call leaves calls_ (and the service's care) after both.
-  void MarkEnded() ABSL_LOCKS_EXCLUDED(mu) { Mark(&Call::ended); }
-  void MarkRpcDone() ABSL_LOCKS_EXCLUDED(mu) { Mark(&Call::rpc_done); }
-  void Mark(bool Call::*flag) ABSL_LOCKS_EXCLUDED(mu) {
-    bool forget = false;
-    {
-      MutexLock lock(&mu);
-      if (this->*flag) return;
-      this->*flag = true;
-      forget = ended && rpc_done;
-    }
-    if (forget) service->Forget(this);
-  }
-
-  // Writes what is queued, one message at a time, then finishes the call once its status is
-  // known and nothing is left to write (gRPC takes one write at a time, and no Finish while one
-  // is outstanding). Any thread, mu not held.
-  void Pump() ABSL_LOCKS_EXCLUDED(mu) {
-    bool write = false;
-    grpc::Status status;
-    {
-      MutexLock lock(&mu);
-      if (writing || finish_called) return;
-      if (!queued.empty() && !client_gone) {
-        in_write = std::move(queued.front());
-        queued.pop_front();
-        writing = write = true;
-      } else if (finish.has_value()) {
-        finish_called = true;
-        status = *finish;
-      } else {
-        return;
-      }
-    }
-    if (write) {
-      reactor->StartWrite(&in_write);
-    } else {
-      --service->handlers_;  // before the client can see the end (in_flight, the drain)
-      reactor->Finish(status);
-    }
-  }
-
-  void WriteDone(bool ok) ABSL_LOCKS_EXCLUDED(mu) {
-    {
-      MutexLock lock(&mu);
-      writing = false;
-    }
-    if (!ok) {
-      ClientGone();  // the stream is broken: the client went away
-    } else {
-      Pump();
-    }
-  }
-
-  // The client went away (or the call's deadline passed, or the server shuts down): the request
-  // stops wherever it is, and the call ends CANCELLED without waiting for the engine.
-  void ClientGone() ABSL_LOCKS_EXCLUDED(mu) {
-    int64_t id = 0;
-    bool waiting = false, first = false;
-    {
-      MutexLock lock(&mu);
-      first = !client_gone;
-      client_gone = true;
-      queued.clear();
-      id = engine_id;
-      waiting = transfer_id != 0 && id == 0 && !ended;
-      if (!finish.has_value())
-        finish = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
-    }
-    if (first && id != 0) {
-      engine->Cancel(id);
-    } else if (first && waiting) {
-      transfers->Cancel(transfer_id, "the Generate call's client went away");
-    }
-    // Also the second time (OnCancel while a write was out, then that write failing): the
-    // call's Finish waits for the write, and only this Pump issues it.
-    Pump();
-  }
-
-  // A Cancel call or CancelAll: the request ends with a cancelled finish event.
-  void RequestCancel() ABSL_LOCKS_EXCLUDED(mu) {
-    int64_t id = 0;
-    bool waiting = false;
-    {
-      MutexLock lock(&mu);
-      cancelled = true;
-      id = engine_id;
-      waiting = transfer_id != 0 && id == 0 && !ended;
-    }
-    if (id != 0) {
-      engine->Cancel(id);
-    } else if (waiting) {
-      transfers->Cancel(transfer_id, "its Generate call was cancelled");
-    }
-  }
-
-  // Before the request reached the engine: the call's status says why (nothing streamed).
-  void Reject(const absl::Status& s) ABSL_LOCKS_EXCLUDED(mu) {
-    metrics->GenerateRejected(s);
-    spdlog::info("generate request_id={} transfer={} prompt={} rejected: {}", request_id,
-                 transfer_id, n_prompt, s.ToString());
-    {
-      MutexLock lock(&mu);
-      if (!finish.has_value()) finish = ToGrpcStatus(s);
-    }
-    Pump();
-    MarkEnded();
-  }
-
-  // Cancelled before it reached the engine: one end-only event (none if the client is gone).
-  void EndCancelled(const std::string& why) ABSL_LOCKS_EXCLUDED(mu) {
-    v1::GenerateResponse r;
-    r.set_token(-1);
-    r.set_finish(v1::FINISH_CANCELLED);
-    r.set_error(why);
-    r.mutable_usage()->set_prompt_tokens(n_prompt);
-    r.mutable_timing()->set_queue_s(absl::ToDoubleSeconds(absl::Now() - accepted));
-    metrics->GenerateDone("cancelled", n_prompt, 0, 0, GenerateTimes{});
-    spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
-                 request_id, transfer_id, n_prompt, why);
-    {
-      MutexLock lock(&mu);
-      if (!client_gone) queued.push_back(std::move(r));
-      if (!finish.has_value()) finish = grpc::Status::OK;
-    }
-    Pump();
-    MarkEnded();
-  }
-
-  // The engine's callback (its thread).
-  void OnEvent(const TokenEvent& ev) ABSL_LOCKS_EXCLUDED(mu);
-};
-
-void DecodeService::Call::OnEvent(const TokenEvent& ev) {
-  const absl::Time now = absl::Now();
-  v1::GenerateResponse out;
-  EventToWire(ev, &out);
-  const bool final = ev.finish != FinishReason::kNone;
-  int done_completion = 0;
-  GenerateTimes times;
-  bool gone = false;
-  int64_t id = 0;
-  {
-    MutexLock lock(&mu);
-    if (ev.token >= 0) {
-      ++completion;
-      if (completion == 1) first_token = now;
-      if (completion > 1) metrics->InterToken(Seconds(now - last_token));
-      last_token = now;
-    }
-    if (final) {
-      v1::Usage* u = out.mutable_usage();
-      u->set_prompt_tokens(n_prompt);
-      u->set_completion_tokens(completion);
-      u->set_cached_tokens(ev.cached_tokens);
-      v1::DecodeTiming* t = out.mutable_timing();
-      t->set_queue_s(ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds
-                                           : Seconds(now - accepted));
-      if (completion > 0) {
-        t->set_first_token_s(Seconds(first_token - accepted));
-        t->set_decode_s(Seconds(last_token - first_token));
-      }
-      times.ttft_s = completion > 0 ? Seconds(first_token - accepted) : -1;
-      times.tpot_s = completion > 1 ? Seconds(last_token - first_token) / (completion - 1) : -1;
-      times.decode_s = completion > 0 ? Seconds(last_token - first_token) : -1;
-      times.queue_s = ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds : -1;
-      times.e2e_s = Seconds(now - accepted);
-      done_completion = completion;
-      gone = client_gone;
-      id = engine_id;
-      if (!finish.has_value()) finish = grpc::Status::OK;
-    }
-    if (!client_gone) queued.push_back(std::move(out));
-  }
-  if (final) {
-    const char* name = gone ? "cancelled" : FinishReasonName(ev.finish);
-    metrics->GenerateDone(name, n_prompt, done_completion, ev.cached_tokens, times);
-    spdlog::info(
-        "generate request_id={} id={} transfer={} prompt={} cached={} completion={} finish={} "
-        "ttft={:.3f}s{}{}",
-        request_id, id, transfer_id, n_prompt, ev.cached_tokens, done_completion, name,
-        times.ttft_s, gone ? " (client went away)" : "",
-        ev.error.empty() ? std::string() : " error: " + ev.error);
-  }
-  Pump();
-  if (final) MarkEnded();
-}
-
-// The reactor gRPC drives: forwards to the call, and lets go of it when gRPC is done.
-class DecodeService::GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
- public:
-  GenerateReactor(DecodeService& service, std::shared_ptr<Call> call)
-      : service_(service), call_(std::move(call)) {
-    call_->reactor = this;
-    ++service_.handlers_;
-    MutexLock lock(&service_.calls_mu_);
-    service_.calls_[call_.get()] = call_;
-  }
-  void OnWriteDone(bool ok) override { call_->WriteDone(ok); }
-  void OnCancel() override { call_->ClientGone(); }
-  void OnDone() override {
-    call_->MarkRpcDone();
-    delete this;
-  }
-
- private:
-  DecodeService& service_;
-  const std::shared_ptr<Call> call_;
-};
 
 absl::StatusOr<SamplingParams> SamplingFromWire(const v1::SamplingParams& p) {
   SamplingParams s;
@@ -535,7 +256,7 @@ grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* con
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* req) {
   auto call = std::make_shared<Call>();
-  call->service = this;
+  call->forget = [this](GenerateCall* c) { Forget(c); };
   call->engine = &engine_;
   call->transfers = transfers_.get();
   call->metrics = &metrics_;
@@ -543,13 +264,19 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   call->transfer_id = req->transfer_id();
   call->n_prompt = req->prompt_size();
   call->accepted = absl::Now();
-  auto* reactor = new GenerateReactor(*this, call);
+  StreamHooks hooks;
+  hooks.on_client_gone = [call] { call->ClientGone(); };
+  hooks.before_finish = [this] { --handlers_; };  // before the client sees the end (the drain)
+  hooks.on_done = [call] { call->MarkRpcDone(); };
+  call->stream = std::make_shared<Call::Stream>(std::move(hooks));
+  grpc::ServerWriteReactor<v1::GenerateResponse>* reactor = call->stream->Open();
+  ++handlers_;
+  {
+    MutexLock lock(&calls_mu_);
+    calls_[call.get()] = call;
+  }
   if (grpc::Status st = CheckProtocol(*context); !st.ok()) {
-    {
-      MutexLock lock(&call->mu);
-      call->finish = st;
-    }
-    call->Pump();
+    call->stream->End(st);
     call->MarkEnded();
     return reactor;
   }

@@ -14,9 +14,10 @@
 //    call answers with the totals. A stream that ends without its end message aborts it too.
 //  - Generate with a transfer id waits (bounded by the lease) for the transfer to complete, then
 //    adopts its blocks: the engine runs only the last prompt token. With transfer id 0 the
-//    engine prefills the plain prompt itself. The engine's events are queued and written one at
-//    a time as the client takes them; a client that goes away cancels the request (its blocks
-//    freed). The last event carries the finish, the usage and this process's timing.
+//    engine prefills the plain prompt itself. The engine's events go to the call's stream writer
+//    (common/rpc/server_stream_writer.h), which writes them one at a time as the client takes
+//    them; a client that goes away cancels the request (its blocks freed). The last event carries
+//    the finish, the usage and this process's timing.
 //  - Cancel ends a Generate call (by request id) and/or a transfer (by transfer id).
 //  - Health reports the worker's role, model, plan, load and KV blocks.
 //
@@ -45,6 +46,8 @@
 #include "tripod/v1/decode.grpc.pb.h"
 
 namespace tripod {
+
+struct GenerateCall;
 
 struct DecodeServiceOptions {
   KvTransfersOptions transfers;
@@ -97,8 +100,7 @@ class DecodeService final : public DecodeServiceBase {
   KvTransfers& transfers() { return *transfers_; }
 
  private:
-  struct Call;
-  class GenerateReactor;
+  using Call = GenerateCall;  // generate_call.h
   // The call's transfer completed or ended: adopt its KV and submit, or end the call.
   void TransferSettled(const std::shared_ptr<Call>& call);
   // Submits the call's request to the engine (with its transfer's KV, if any).

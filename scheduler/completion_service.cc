@@ -1,14 +1,15 @@
 #include "scheduler/completion_service.h"
 
-#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
 
+#include "common/rpc/server_stream_writer.h"
 #include "common/util/mutex.h"
 #include "scheduler/openai_request.h"
 #include "scheduler/openai_response.h"
 #include "scheduler/request_preparation.h"
+#include "scheduler/request_status.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -30,7 +31,7 @@ ApiResult<PreparedRequest> Admit(grpc::CallbackServerContext* context,
   return PrepareRequest(*parsed_out, model);
 }
 
-// State shared by a call's reactor and the dispatcher's callbacks: the reactor goes away in
+// State shared by Complete's reactor and the dispatcher's callbacks: the reactor goes away in
 // OnDone, possibly while a callback runs, so callbacks reach it only through here, under the lock.
 template <typename Reactor>
 struct Shared {
@@ -68,15 +69,15 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
         r->FinishOnce(grpc::Status::OK);
       }
     };
-    cb.on_error = [shared](const ApiError& e) {
+    cb.on_error = [shared](const absl::Status& e) {
       MutexLock l(&shared->mu);
-      if (shared->reactor != nullptr) shared->reactor->FinishOnce(ToGrpcStatus(e));
+      if (shared->reactor != nullptr) shared->reactor->FinishOnce(ToGrpcStatus(ToApiError(e)));
     };
     // Not under the lock: a request that ends at once calls back before Submit returns.
-    ApiError refused;
+    absl::Status refused;
     std::shared_ptr<RequestHandle> handle =
         dispatcher.Submit(std::get<PreparedRequest>(std::move(prepared)), std::move(cb), &refused);
-    if (handle == nullptr) return FinishLocked(ToGrpcStatus(refused));
+    if (handle == nullptr) return FinishLocked(ToGrpcStatus(ToApiError(refused)));
     MutexLock l(&shared->mu);
     shared->handle = handle;
     if (shared->cancelled) handle->Cancel();
@@ -123,142 +124,97 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
   std::shared_ptr<Shared<CompleteReactor>> shared_;
 };
 
-// Chunks are written one at a time (gRPC allows one write in flight); those that arrive meanwhile
-// wait in a queue, and consecutive token chunks are merged there.
-class GenerateReactor : public grpc::ServerWriteReactor<v1::CompletionChunk> {
+// One Generate call: the dispatcher's callbacks turn tokens into chunks for the call's stream
+// writer (server_stream_writer.h), which writes them one at a time; consecutive token chunks
+// still waiting there are merged into one.
+class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
  public:
-  explicit GenerateReactor(const ServedModel& model)
-      : model_(model), shared_(std::make_shared<Shared<GenerateReactor>>()) {
-    MutexLock l(&shared_->mu);
-    shared_->reactor = this;
-  }
+  using Stream = ServerStreamWriter<v1::CompletionChunk>;
 
-  void Run(grpc::CallbackServerContext* context, const v1::CompletionRequest& proto,
-           const ApiKeys& keys, Dispatcher& dispatcher) {
+  explicit GenerateCall(const ServedModel& model) : model_(model) {}
+
+  grpc::ServerWriteReactor<v1::CompletionChunk>* Run(grpc::CallbackServerContext* context,
+                                                     const v1::CompletionRequest& proto,
+                                                     const ApiKeys& keys, Dispatcher& dispatcher) {
+    auto self = shared_from_this();
+    StreamHooks hooks;
+    // The client cancelled (or its deadline passed): the request is cancelled on the workers,
+    // which then report nothing more.
+    hooks.on_client_gone = [self] {
+      MutexLock l(&self->mu_);
+      self->cancelled_ = true;
+      if (self->handle_ != nullptr) self->handle_->Cancel();
+    };
+    hooks.on_done = [self] {
+      std::shared_ptr<RequestHandle> handle;  // let go outside the lock
+      MutexLock l(&self->mu_);
+      // The request's callbacks hold this call, which would otherwise hold the request: a cycle.
+      handle = std::move(self->handle_);
+    };
+    stream_ = std::make_shared<Stream>(std::move(hooks));
+    grpc::ServerWriteReactor<v1::CompletionChunk>* reactor = stream_->Open();
     CompletionRequest parsed;
     ApiResult<PreparedRequest> prepared = Admit(context, proto, keys, model_, &parsed);
-    if (const ApiError* e = std::get_if<ApiError>(&prepared)) return FinishLocked(ToGrpcStatus(*e));
+    if (const ApiError* e = std::get_if<ApiError>(&prepared)) {
+      stream_->End(ToGrpcStatus(*e));
+      return reactor;
+    }
     parsed.stream = true;
     ctx_ = MakeResponseContext(parsed, model_.name, model_.created);
-    auto shared = shared_;
     RequestCallbacks cb;
-    cb.on_token = [shared](const GeneratedToken& t) {
-      MutexLock l(&shared->mu);
-      if (GenerateReactor* r = shared->reactor) r->Enqueue(t, nullptr, nullptr);
+    cb.on_token = [self](const GeneratedToken& t) { self->OnToken(t); };
+    cb.on_end = [self](const CompletionEnd& end) {
+      v1::CompletionChunk last;
+      {
+        MutexLock l(&self->mu_);
+        self->pending_tokens_.clear();
+        FillFinalChunk(self->ctx_, end, &last);
+      }
+      self->stream_->Write(std::move(last));
+      self->stream_->End(grpc::Status::OK);
     };
-    cb.on_end = [shared](const CompletionEnd& end) {
-      MutexLock l(&shared->mu);
-      if (GenerateReactor* r = shared->reactor) r->Enqueue(std::nullopt, &end, nullptr);
-    };
-    cb.on_error = [shared](const ApiError& e) {
-      MutexLock l(&shared->mu);
-      if (GenerateReactor* r = shared->reactor) r->Enqueue(std::nullopt, nullptr, &e);
+    cb.on_error = [self](const absl::Status& e) {
+      self->stream_->End(ToGrpcStatus(ToApiError(e)));
     };
     // Not under the lock: a request that ends at once calls back before Submit returns.
-    ApiError refused;
+    absl::Status refused;
     std::shared_ptr<RequestHandle> handle =
         dispatcher.Submit(std::get<PreparedRequest>(std::move(prepared)), std::move(cb), &refused);
-    if (handle == nullptr) return FinishLocked(ToGrpcStatus(refused));
-    MutexLock l(&shared->mu);
-    shared->handle = handle;
-    if (shared->cancelled) handle->Cancel();
-  }
-
-  void OnWriteDone(bool ok) override {
-    MutexLock l(&shared_->mu);
-    writing_ = false;
-    if (!ok) {  // the call is over (cancelled): finish it, nothing more is written
-      pending_.clear();
-      if (!final_status_.has_value()) final_status_ = grpc::Status::CANCELLED;
+    if (handle == nullptr) {
+      stream_->End(ToGrpcStatus(ToApiError(refused)));
+      return reactor;
     }
-    WriteNext();
-  }
-
-  // The client cancelled (or its deadline passed): the request is cancelled on the workers,
-  // which then report nothing more, and the call must still be finished for OnDone to come (at
-  // once, or when the write in flight is done: one operation at a time).
-  void OnCancel() override {
-    MutexLock l(&shared_->mu);
-    shared_->cancelled = true;
-    if (shared_->handle != nullptr) shared_->handle->Cancel();
-    pending_.clear();
-    pending_tokens_.clear();
-    final_status_ = grpc::Status::CANCELLED;
-    if (!writing_) WriteNext();
-  }
-
-  void OnDone() override {
-    std::shared_ptr<RequestHandle> handle;  // let go outside the lock
-    {
-      MutexLock l(&shared_->mu);
-      shared_->reactor = nullptr;
-      // The request's callbacks hold shared_, which would otherwise hold the request: a cycle.
-      handle = std::move(shared_->handle);
-    }
-    delete this;
+    MutexLock l(&mu_);
+    handle_ = handle;
+    if (cancelled_) handle->Cancel();
+    return reactor;
   }
 
  private:
-  // Under shared_->mu.
-  void Enqueue(std::optional<GeneratedToken> token, const CompletionEnd* end,
-               const ApiError* error) {
-    if (finished_ || shared_->cancelled) return;  // the call is over or being finished
-    if (token.has_value()) {
-      if (!pending_.empty() && pending_.back().finish_reason().empty() &&
-          !pending_tokens_.empty()) {
-        pending_tokens_.push_back(*token);  // merged into the chunk not yet written
-        pending_.back().Clear();
-        FillCompletionChunk(ctx_, pending_tokens_, *model_.tokenizer, &pending_.back());
-      } else {
-        pending_tokens_ = {*token};
-        pending_.emplace_back();
-        FillCompletionChunk(ctx_, pending_tokens_, *model_.tokenizer, &pending_.back());
-      }
-    } else if (end != nullptr) {
-      pending_tokens_.clear();
-      pending_.emplace_back();
-      FillFinalChunk(ctx_, *end, &pending_.back());
-      final_status_ = grpc::Status::OK;
-    } else {
-      pending_tokens_.clear();
-      final_status_ = ToGrpcStatus(*error);
+  // The dispatcher's callbacks come one at a time, in order.
+  void OnToken(const GeneratedToken& t) ABSL_LOCKS_EXCLUDED(mu_) {
+    MutexLock l(&mu_);
+    if (cancelled_) return;
+    if (!pending_tokens_.empty()) {
+      pending_tokens_.push_back(t);  // merged into the chunk not yet written, if it still waits
+      v1::CompletionChunk merged;
+      FillCompletionChunk(ctx_, pending_tokens_, *model_.tokenizer, &merged);
+      if (stream_->ReplaceLast(std::move(merged))) return;
     }
-    if (!writing_) WriteNext();
-  }
-
-  // Refused before it ran (OnCancel may race).
-  void FinishLocked(const grpc::Status& status) {
-    MutexLock l(&shared_->mu);
-    FinishOnce(status);
-  }
-  // Under shared_->mu.
-  void FinishOnce(const grpc::Status& status) {
-    if (finished_) return;
-    finished_ = true;
-    Finish(status);
-  }
-
-  void WriteNext() {
-    if (pending_.empty()) {
-      if (final_status_.has_value()) FinishOnce(*final_status_);
-      return;
-    }
-    current_ = std::move(pending_.front());
-    pending_.pop_front();
-    if (pending_.empty()) pending_tokens_.clear();
-    writing_ = true;
-    StartWrite(&current_);
+    pending_tokens_ = {t};
+    v1::CompletionChunk chunk;
+    FillCompletionChunk(ctx_, pending_tokens_, *model_.tokenizer, &chunk);
+    stream_->Write(std::move(chunk));
   }
 
   const ServedModel& model_;
-  std::shared_ptr<Shared<GenerateReactor>> shared_;
-  ResponseContext ctx_;
-  std::deque<v1::CompletionChunk> pending_;
-  std::vector<GeneratedToken> pending_tokens_;  // the tokens of pending_.back(), if a token chunk
-  v1::CompletionChunk current_;
-  bool writing_ = false;
-  bool finished_ = false;
-  std::optional<grpc::Status> final_status_;
+  std::shared_ptr<Stream> stream_;  // set once in Run
+  ResponseContext ctx_;             // set in Run, before any callback
+  Mutex mu_;
+  std::shared_ptr<RequestHandle> handle_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  // The tokens of the chunk last handed to the writer; it may still wait in its queue.
+  std::vector<GeneratedToken> pending_tokens_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
@@ -273,9 +229,7 @@ grpc::ServerUnaryReactor* CompletionService::Complete(grpc::CallbackServerContex
 
 grpc::ServerWriteReactor<v1::CompletionChunk>* CompletionService::Generate(
     grpc::CallbackServerContext* context, const v1::CompletionRequest* request) {
-  auto* reactor = new GenerateReactor(*model_);
-  reactor->Run(context, *request, *keys_, *dispatcher_);
-  return reactor;
+  return std::make_shared<GenerateCall>(*model_)->Run(context, *request, *keys_, *dispatcher_);
 }
 
 }  // namespace tripod::scheduler

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "scheduler/request_call.h"
+#include "scheduler/request_status.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -19,6 +20,10 @@ uint64_t NextRequestId() {
   return base + counter.fetch_add(1, std::memory_order_relaxed);
 }
 
+absl::Status ShuttingDown() {
+  return WithErrorCode(absl::UnavailableError("the scheduler is shutting down"), "shutting_down");
+}
+
 }  // namespace
 
 void RequestHandle::Cancel() { call_->Cancel(); }
@@ -30,15 +35,15 @@ Dispatcher::Dispatcher(WorkerRegistry& registry, SchedulerMetrics* metrics,
 Dispatcher::~Dispatcher() { Shutdown(std::chrono::milliseconds(5000)); }
 
 std::shared_ptr<RequestHandle> Dispatcher::Submit(PreparedRequest request,
-                                                  RequestCallbacks callbacks, ApiError* error) {
-  auto refuse = [&](ApiError e) -> std::shared_ptr<RequestHandle> {
-    if (metrics_ != nullptr) metrics_->Rejected(e.http_status);
+                                                  RequestCallbacks callbacks, absl::Status* error) {
+  auto refuse = [&](absl::Status e) -> std::shared_ptr<RequestHandle> {
+    if (metrics_ != nullptr) metrics_->Rejected(HttpStatusOf(e));
     *error = std::move(e);
     return nullptr;
   };
   if (registry_.Healthy(v1::ROLE_DECODE).empty()) {
-    return refuse(
-        {503, "no decode worker is available; try again later", "server_error", "", "no_workers"});
+    return refuse(WithErrorCode(
+        absl::UnavailableError("no decode worker is available; try again later"), "no_workers"));
   }
   auto call =
       std::make_shared<Call>(this, std::move(request), std::move(callbacks), NextRequestId());
@@ -46,7 +51,7 @@ std::shared_ptr<RequestHandle> Dispatcher::Submit(PreparedRequest request,
   {
     MutexLock l(&mu_);
     if (shutting_down_ || draining_) {
-      return refuse({503, "the scheduler is shutting down", "server_error", "", "shutting_down"});
+      return refuse(ShuttingDown());
     }
     if (running_ < options_.max_inflight) {
       ++running_;
@@ -56,10 +61,10 @@ std::shared_ptr<RequestHandle> Dispatcher::Submit(PreparedRequest request,
       queue_.push_back(call);
     } else {
       return refuse(
-          {429,
-           absl::StrCat("the server is busy: ", running_, " requests running and ", queue_.size(),
-                        " waiting; retry after ", options_.retry_after_s, " s"),
-           "rate_limit_error", "", "server_busy"});
+          WithErrorCode(absl::ResourceExhaustedError(absl::StrCat(
+                            "the server is busy: ", running_, " requests running and ",
+                            queue_.size(), " waiting; retry after ", options_.retry_after_s, " s")),
+                        "server_busy"));
     }
   }
   if (start) call->Begin();
@@ -96,7 +101,8 @@ void Dispatcher::CancelQueued(Call* call) {
     }
   }
   // Not found: the dispatcher admitted it meanwhile; Begin sees the cancellation.
-  if (found != nullptr) found->FailQueued(ApiError{});  // the client left: reported to no one
+  // The client left: reported to no one.
+  if (found != nullptr) found->FailQueued(absl::CancelledError("the client left"));
 }
 
 void Dispatcher::StartDraining() {
@@ -140,8 +146,7 @@ void Dispatcher::Shutdown(std::chrono::milliseconds wait) {
       if (std::shared_ptr<Call> c = weak.lock()) running.push_back(std::move(c));
     }
   }
-  const ApiError stopping{503, "the scheduler is shutting down", "server_error", "",
-                          "shutting_down"};
+  const absl::Status stopping = ShuttingDown();
   for (auto& c : queued) c->FailQueued(stopping);
   for (auto& c : running) c->Cancel();
   running.clear();

@@ -1,7 +1,7 @@
 // The scheduler's core: admission (a bounded number of requests at the workers, a bounded queue
 // behind them, 429 past it) and each request's path through the workers (request_call.h). The
 // front ends (HTTP, gRPC) hand it tokenized, validated requests and get tokens and one end back;
-// it knows nothing of HTTP or JSON.
+// it knows nothing of HTTP or JSON: its errors are absl::Status (request_status.h).
 #pragma once
 
 #include <chrono>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "common/model/sampler.h"
 #include "common/util/mutex.h"
 #include "scheduler/completion_events.h"
@@ -42,7 +43,8 @@ struct PreparedRequest {
 struct RequestCallbacks {
   std::function<void(const GeneratedToken&)> on_token;
   std::function<void(const CompletionEnd&)> on_end;
-  std::function<void(const ApiError&)> on_error;
+  // Why the request failed: a status whose code says whose fault it is (request_status.h).
+  std::function<void(const absl::Status&)> on_error;
 };
 
 class Call;
@@ -83,10 +85,11 @@ class Dispatcher {
   Dispatcher(WorkerRegistry& registry, SchedulerMetrics* metrics, DispatcherOptions options);
   ~Dispatcher();  // Shutdown()
 
-  // Starts the request now, queues it, or refuses it (nullptr, *error set: 429 when the queue
-  // is full, 503 when no decode worker is in routing).
+  // Starts the request now, queues it, or refuses it (nullptr, *error set: RESOURCE_EXHAUSTED
+  // "server_busy" when the queue is full, UNAVAILABLE when no decode worker is in routing or
+  // the scheduler drains).
   std::shared_ptr<RequestHandle> Submit(PreparedRequest request, RequestCallbacks callbacks,
-                                        ApiError* error);
+                                        absl::Status* error);
 
   int running() const;
   int waiting() const;

@@ -12,6 +12,7 @@
 #include "scheduler/openai_response.h"
 #include "scheduler/openai_tokens.h"
 #include "scheduler/request_preparation.h"
+#include "scheduler/request_status.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -249,12 +250,12 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
   RequestCallbacks callbacks;
   callbacks.on_token = [answer](const GeneratedToken& t) { answer->OnToken(t); };
   callbacks.on_end = [answer](const CompletionEnd& e) { answer->OnEnd(e); };
-  callbacks.on_error = [answer](const ApiError& e) { answer->OnError(e); };
-  ApiError refused;
+  callbacks.on_error = [answer](const absl::Status& e) { answer->OnError(ToApiError(e)); };
+  absl::Status refused;
   std::shared_ptr<RequestHandle> handle = config_.dispatcher->Submit(
       std::get<PreparedRequest>(std::move(prepared)), std::move(callbacks), &refused);
   if (handle == nullptr) {
-    return RespondError(*ex, refused, config_.dispatcher->options().retry_after_s);
+    return RespondError(*ex, ToApiError(refused), config_.dispatcher->options().retry_after_s);
   }
   // A client that hangs up (before or during the answer) cancels the request everywhere.
   ex->OnClose([handle] { handle->Cancel(); });

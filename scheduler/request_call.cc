@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/kv/pyramid_budgets.h"
 #include "common/rpc/deferred_release.h"
 #include "common/rpc/protocol.h"
 #include "scheduler/draft_methods.h"
@@ -16,31 +15,6 @@ namespace tripod::scheduler {
 namespace {
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
-
-// A worker's refusal or failure as the client's error: what the worker said, the status a
-// client can act on (its own mistake 400, overload 429/503, our fault 500).
-ApiError WorkerError(const std::string& what, const grpc::Status& status) {
-  ApiError e;
-  e.message = absl::StrCat(what, ": ", status.error_message());
-  switch (status.error_code()) {
-    case grpc::StatusCode::INVALID_ARGUMENT:
-    case grpc::StatusCode::OUT_OF_RANGE:
-      e.http_status = 400;
-      break;
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      e.http_status = 503;
-      e.type = "server_error";
-      e.code = "worker_unavailable";
-      break;
-    default:
-      e.http_status = 500;
-      e.type = "server_error";
-      break;
-  }
-  return e;
-}
 
 void FillSampling(const SamplingParams& s, v1::SamplingParams* out) {
   out->set_temperature(s.temperature);
@@ -93,28 +67,39 @@ bool Call::cancelled() const {
   return cancelled_;
 }
 
+WorkerSnapshot Call::Workers() const { return SnapshotOf(dispatcher_->registry()); }
+
+grpc::ClientContext* Call::NextContext(Phase phase, std::chrono::milliseconds timeout) {
+  MutexLock l(&mu_);
+  if (cancelled_) return nullptr;
+  contexts_.push_back(NewClientContext(timeout));
+  phase_ = phase;
+  if (phase == Phase::kGenerating) hold_ = shared_from_this();
+  return contexts_.back().get();
+}
+
 void Call::Begin() {
   started_ = absl::Now();
   times_.queue_s = Seconds(started_ - accepted_);
   if (SchedulerMetrics* m = dispatcher_->metrics()) m->RequestStarted(times_.queue_s);
   if (cancelled()) return Finish("cancelled", nullptr);
-  if (dispatcher_->registry().Healthy(v1::ROLE_DECODE).empty()) {
-    ApiError e{503, "no decode worker is available", "server_error", "", "no_workers"};
-    return Finish("error", &e);
-  }
+  if (absl::Status st = CheckDecodeWorkers(Workers()); !st.ok()) return Finish("error", &st);
   prompt_ = request_.prompt;
   const DraftMethod method = request_.method.method;
-  if (method == DraftMethod::kNone) return Route();
-  const int n = static_cast<int>(prompt_.size());
+  const MethodPlan plan = PlanMethod(request_.method, static_cast<int>(prompt_.size()));
+  if (plan.step == MethodStep::kNone) return ChooseWorkers();
   MethodReport& report = times_.method;
   report.name = DraftMethodName(method);
-  report.budget = ResolveBudget(request_.method, n);
-  if (BudgetKeepsAll(method, report.budget, n)) {
-    // Nothing to drop: the request runs exactly as without the method.
-    report.applied = true;
-    return Route();
+  report.budget = plan.budget;
+  switch (plan.step) {
+    case MethodStep::kKeepsAll:
+      report.applied = true;  // nothing to drop: the request runs exactly as without it
+      return ChooseWorkers();
+    case MethodStep::kDraft:
+      return StartDraft();
+    default:
+      break;
   }
-  if (NeedsDraft(method)) return StartDraft();
   AppliedMethod a =
       ApplyMethod(method, report.budget, prompt_, nullptr, dispatcher_->options().methods);
   if (!a.error.empty()) {
@@ -125,27 +110,20 @@ void Call::Begin() {
     trimming_ = std::move(a.trimming);
     kv_entries_ = a.kv_entries;
   }
-  Route();
+  ChooseWorkers();
 }
 
 void Call::StartDraft() {
-  draft_ = PickDraft(dispatcher_->registry().Healthy(v1::ROLE_DRAFT), request_id_);
+  draft_ = PickDraft(Workers().draft, request_id_);
   if (draft_ == nullptr) {
     MethodFallback("no draft worker is available");
-    return Route();
+    return ChooseWorkers();
   }
   score_request_ =
       ScoreRequestFor(request_.method.method, request_id_, prompt_, times_.method.budget,
                       request_.max_tokens, dispatcher_->options().methods);
-  grpc::ClientContext* context = nullptr;
-  {
-    MutexLock l(&mu_);
-    if (!cancelled_) {
-      contexts_.push_back(NewClientContext(dispatcher_->options().draft_timeout));
-      context = contexts_.back().get();
-      phase_ = Phase::kDrafting;
-    }
-  }
+  grpc::ClientContext* context =
+      NextContext(Phase::kDrafting, dispatcher_->options().draft_timeout);
   if (context == nullptr) return Finish("cancelled", nullptr);
   draft_->AddInflight(1);
   draft_started_ = absl::Now();
@@ -159,27 +137,23 @@ void Call::OnDrafted(const grpc::Status& status) {
   times_.draft_s = Seconds(absl::Now() - draft_started_);
   if (cancelled()) return Finish("cancelled", nullptr);
   if (!status.ok()) {
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      draft_->MarkFailed(status.error_message());
-    }
-    MethodFallback(absl::StrCat("draft worker ", draft_->address(), ": ",
-                                status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                                    ? "timed out"
-                                    : status.error_message()));
-    return Route();
+    const DraftFailure f = AfterDraftFailed(tripod::FromGrpcStatus(status), draft_->address());
+    if (f.mark_failed) draft_->MarkFailed(status.error_message());
+    MethodFallback(f.why);
+    return ChooseWorkers();
   }
   const DraftMethod method = request_.method.method;
   AppliedMethod a = ApplyMethod(method, times_.method.budget, prompt_, &importance_map_,
                                 dispatcher_->options().methods);
   if (!a.error.empty()) {
     MethodFallback(absl::StrCat("draft worker ", draft_->address(), ": ", a.error));
-    return Route();
+    return ChooseWorkers();
   }
   if (method == DraftMethod::kSpecPc) times_.method.applied = true;
   prompt_ = std::move(a.prompt);
   trimming_ = std::move(a.trimming);
   kv_entries_ = a.kv_entries;
-  Route();
+  ChooseWorkers();
 }
 
 void Call::MethodFallback(const std::string& why) {
@@ -190,82 +164,41 @@ void Call::MethodFallback(const std::string& why) {
   kv_entries_ = 0;
 }
 
-void Call::Route() {
-  const int n = static_cast<int>(prompt_.size());
-  decode_ = PickDecode(dispatcher_->registry().Healthy(v1::ROLE_DECODE), n, request_id_);
-  if (decode_ == nullptr) {
-    ApiError e{503, "no decode worker is available", "server_error", "", "no_workers"};
-    return Finish("error", &e);
-  }
+void Call::ChooseWorkers() {
+  const WorkerSnapshot workers = Workers();
+  RoutePlan plan = PlanRoute(static_cast<int>(prompt_.size()), request_.pop, workers,
+                             dispatcher_->options(), request_id_);
+  if (!plan.status.ok()) return Finish("error", &plan.status);
+  decode_ = std::move(plan.decode);
   decode_->AddInflight(1);
-  // A prompt of one token has no KV to move; short ones prefill faster where they decode.
-  const bool direct = n < std::max(2, dispatcher_->options().direct_prefill_tokens);
-  if (direct || dispatcher_->registry().Healthy(v1::ROLE_PREFILL).empty()) {
-    return StartGenerate(0, "decode_only");
-  }
-  const DispatcherOptions& o = dispatcher_->options();
-  switch (request_.pop.kind) {
-    case PopChoice::Kind::kOff:
-      plan_ratio_ = "0";
-      break;
-    case PopChoice::Kind::kOn:
-      plan_ratio_ = o.default_pop.empty() ? o.pop_on : o.default_pop;
-      break;
-    case PopChoice::Kind::kRatio:
-      plan_ratio_ = request_.pop.ratio;
-      break;
-    case PopChoice::Kind::kDefault:
-      plan_ratio_ = o.default_pop;
-      break;
-  }
-  route_ = "disaggregated";
-  ReserveAndPrefill(nullptr);
+  if (plan.route == Route::kDecodeOnly) return StartGenerate(0, Route::kDecodeOnly);
+  plan_ratio_ = std::move(plan.pop_ratio);
+  route_ = plan.route;
+  ReserveAndPrefill(ChoosePrefill(workers, nullptr, plan_ratio_, request_id_));
 }
 
-void Call::ReserveAndPrefill(const Worker* exclude) {
-  prefill_ = PickPrefill(dispatcher_->registry().Healthy(v1::ROLE_PREFILL), exclude, plan_ratio_,
-                         request_id_);
-  if (prefill_ == nullptr) {
-    if (exclude == nullptr) {
-      // No prefill worker runs this plan (a pruned worker cannot run POP off, say): the decode
-      // worker, which holds the full model, prefills it.
-      return StartGenerate(0, "decode_only");
+void Call::ReserveAndPrefill(PrefillChoice choice) {
+  if (choice.prefill == nullptr) {
+    if (choice.fallback == Route::kLocalFallback) {
+      if (SchedulerMetrics* m = dispatcher_->metrics()) m->PrefillRetried("local");
     }
-    if (SchedulerMetrics* m = dispatcher_->metrics()) m->PrefillRetried("local");
-    return StartGenerate(0, "local_fallback");
+    return StartGenerate(0, choice.fallback);
+  }
+  prefill_ = std::move(choice.prefill);
+  const int n = static_cast<int>(prompt_.size());
+  KvPlan kv = PlanKv(trimming_, kv_entries_, n, *prefill_);
+  if (!kv.fallback.empty()) MethodFallback(kv.fallback);
+  if (!kv.layer_budgets.empty()) {
+    trimming_.mutable_layer_budgets()->Assign(kv.layer_budgets.begin(), kv.layer_budgets.end());
   }
   reserve_request_.Clear();
-  reserve_request_.set_prompt_tokens(static_cast<int32_t>(prompt_.size()));
+  reserve_request_.set_prompt_tokens(n);
   reserve_request_.set_plan_key(prefill_->last_health().plan_key());
-  std::vector<int> pyramid;
-  if (trimming_.method() == v1::TRIM_PYRAMIDKV) {
-    // The per-layer budgets need the model's layer count, known once a prefill worker is chosen
-    // (every worker serves the same model): each layer's entries fill the top of the slots.
-    const int n_layers = prefill_->last_health().model().n_layers();
-    if (n_layers < 1) {
-      MethodFallback(absl::StrCat("prefill worker ", prefill_->address(),
-                                  " did not report its model's layer count"));
-    } else {
-      pyramid = PyramidLayerBudgets(trimming_.budget(), trimming_.window(), n_layers,
-                                    static_cast<int>(prompt_.size()) - 1);
-      trimming_.mutable_layer_budgets()->Assign(pyramid.begin(), pyramid.end());
-    }
-  }
-  reserve_request_.set_kv_slots(kv_entries_);
-  if (!pyramid.empty()) {
-    const int slots = *std::max_element(pyramid.begin(), pyramid.end());
-    reserve_request_.set_kv_slots(slots);
-    for (int b : pyramid) reserve_request_.add_layer_first_slot(slots - b);
-  }
-  grpc::ClientContext* context = nullptr;
-  {
-    MutexLock l(&mu_);
-    if (!cancelled_) {
-      contexts_.push_back(NewClientContext(dispatcher_->options().reserve_timeout));
-      context = contexts_.back().get();
-      phase_ = Phase::kReserving;
-    }
-  }
+  reserve_request_.set_kv_slots(kv.kv_slots);
+  reserve_request_.mutable_layer_first_slot()->Assign(kv.layer_first_slot.begin(),
+                                                      kv.layer_first_slot.end());
+  grpc::ClientContext* context =
+      NextContext(Phase::kReserving, dispatcher_->options().reserve_timeout);
   if (context == nullptr) return Finish("cancelled", nullptr);
   decode_->decode().async()->Reserve(
       context, &reserve_request_, &reserve_response_,
@@ -277,38 +210,29 @@ void Call::OnReserved(const grpc::Status& status) {
     if (status.ok()) SendDecodeCancel(reserve_response_.transfer_id());
     return Finish("cancelled", nullptr);
   }
-  if (!status.ok()) {
-    const grpc::StatusCode code = status.error_code();
-    if (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED) {
-      // The decode worker is gone or not answering, and nothing of the request is there yet:
-      // another decode worker takes it (once) rather than the request failing.
-      if (code == grpc::StatusCode::UNAVAILABLE) decode_->MarkFailed(status.error_message());
-      std::shared_ptr<Worker> other =
-          decode_attempts_ == 0
-              ? PickDecode(dispatcher_->registry().Healthy(v1::ROLE_DECODE),
-                           static_cast<int>(prompt_.size()), request_id_, decode_.get())
-              : nullptr;
-      if (other != nullptr) {
-        ++decode_attempts_;
-        spdlog::warn("scheduler: request {}: Reserve on {} failed ({}); routing to {}", request_id_,
-                     decode_->address(), status.error_message(), other->address());
-        if (SchedulerMetrics* m = dispatcher_->metrics()) m->DecodeRerouted();
-        decode_->AddInflight(-1);
-        ReleaseLater(std::exchange(decode_, std::move(other)));
-        decode_->AddInflight(1);
-        route_ = "retried_decode";
-        return ReserveAndPrefill(nullptr);
-      }
-    }
-    // No room on the decode worker for the transferred KV: let it prefill the prompt itself
-    // (its engine queues the request until blocks free up).
-    spdlog::warn("scheduler: request {}: Reserve on {} failed ({}); prefilling there", request_id_,
-                 decode_->address(), status.error_message());
-    if (SchedulerMetrics* m = dispatcher_->metrics()) m->PrefillRetried("local");
-    return StartGenerate(0, "local_fallback");
+  if (status.ok()) {
+    transfer_id_ = reserve_response_.transfer_id();
+    return RunPrefill();
   }
-  transfer_id_ = reserve_response_.transfer_id();
-  RunPrefill();
+  const WorkerSnapshot workers = Workers();
+  NextStep next = AfterReserveFailed(tripod::FromGrpcStatus(status), *decode_, decode_attempts_,
+                                     static_cast<int>(prompt_.size()), workers, request_id_);
+  if (next.mark_failed) decode_->MarkFailed(status.error_message());
+  if (next.kind == NextStep::Kind::kReserveAgain) {
+    ++decode_attempts_;
+    spdlog::warn("scheduler: request {}: Reserve on {} failed ({}); routing to {}", request_id_,
+                 decode_->address(), status.error_message(), next.worker->address());
+    if (SchedulerMetrics* m = dispatcher_->metrics()) m->DecodeRerouted();
+    decode_->AddInflight(-1);
+    ReleaseLater(std::exchange(decode_, std::move(next.worker)));
+    decode_->AddInflight(1);
+    route_ = next.route;
+    return ReserveAndPrefill(ChoosePrefill(workers, nullptr, plan_ratio_, request_id_));
+  }
+  spdlog::warn("scheduler: request {}: Reserve on {} failed ({}); prefilling there", request_id_,
+               decode_->address(), status.error_message());
+  if (SchedulerMetrics* m = dispatcher_->metrics()) m->PrefillRetried("local");
+  StartGenerate(0, next.route);
 }
 
 void Call::RunPrefill() {
@@ -316,27 +240,16 @@ void Call::RunPrefill() {
   prefill_request_.set_request_id(request_id_);
   prefill_request_.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
   if (trimming_.method() != v1::TRIM_NONE) *prefill_request_.mutable_trimming() = trimming_;
-  const DispatcherOptions& o = dispatcher_->options();
   if (!plan_ratio_.empty()) prefill_request_.mutable_plan()->set_pop_ratio(plan_ratio_);
   prefill_request_.set_decode_address(decode_->address());
   prefill_request_.set_transfer_id(transfer_id_);
-  prefill_->AddInflight(1);
-  grpc::ClientContext* context;
-  {
-    MutexLock l(&mu_);
-    if (cancelled_) {
-      context = nullptr;
-    } else {
-      contexts_.push_back(NewClientContext(o.prefill_timeout));
-      context = contexts_.back().get();
-      phase_ = Phase::kPrefilling;
-    }
-  }
+  grpc::ClientContext* context =
+      NextContext(Phase::kPrefilling, dispatcher_->options().prefill_timeout);
   if (context == nullptr) {
-    prefill_->AddInflight(-1);
     SendDecodeCancel(transfer_id_);
     return Finish("cancelled", nullptr);
   }
+  prefill_->AddInflight(1);
   prefill_->prefill().async()->Run(
       context, &prefill_request_, &prefill_response_,
       [self = shared_from_this()](grpc::Status s) { self->OnPrefilled(s); });
@@ -348,51 +261,46 @@ void Call::OnPrefilled(const grpc::Status& status) {
     SendDecodeCancel(transfer_id_);
     return Finish("cancelled", nullptr);
   }
-  if (!status.ok()) {
-    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-      prefill_->MarkFailed(status.error_message());
-    }
-    return RetryPrefill(
-        absl::StrCat("prefill on ", prefill_->address(), " failed (", status.error_message(), ")"));
-  }
+  if (!status.ok()) return RetryPrefill(status);
   const v1::PrefillResponse& r = prefill_response_;
   times_.prefill_s = r.queue_s() + r.compute_s();
   times_.transfer_s = r.tail_s();
   if (SchedulerMetrics* m = dispatcher_->metrics()) m->KvBytes(static_cast<double>(r.bytes_sent()));
   if (trimming_.method() != v1::TRIM_NONE && kv_entries_ > 0) {
-    // Every slot carries the same bytes (one type, every layer and head), so the untrimmed KV
-    // would have been bytes_sent * (n - 1) / entries.
-    const int64_t full =
-        static_cast<int64_t>(static_cast<double>(r.bytes_sent()) *
-                             (static_cast<double>(prompt_.size()) - 1) / kv_entries_);
     times_.method.applied = true;
     times_.method.kv_entries = kv_entries_;
-    times_.method.kv_bytes_saved = full - static_cast<int64_t>(r.bytes_sent());
+    times_.method.kv_bytes_saved = KvBytesSaved(static_cast<int64_t>(r.bytes_sent()),
+                                                static_cast<int>(prompt_.size()), kv_entries_);
   }
   StartGenerate(transfer_id_, route_);
 }
 
-void Call::RetryPrefill(const std::string& why) {
+void Call::RetryPrefill(const grpc::Status& status) {
+  const std::string why =
+      absl::StrCat("prefill on ", prefill_->address(), " failed (", status.error_message(), ")");
   // The reservation may hold part of the KV: free it now rather than at its lease's end.
   if (transfer_id_ != 0) SendDecodeCancel(transfer_id_);
   transfer_id_ = 0;
   ++prefill_attempts_;
-  if (prefill_attempts_ == 1 && PickPrefill(dispatcher_->registry().Healthy(v1::ROLE_PREFILL),
-                                            prefill_.get(), plan_ratio_, request_id_) != nullptr) {
+  NextStep next = AfterPrefillFailed(tripod::FromGrpcStatus(status), *prefill_, prefill_attempts_,
+                                     plan_ratio_, Workers(), request_id_);
+  if (next.mark_failed) prefill_->MarkFailed(status.error_message());
+  if (next.kind == NextStep::Kind::kPrefillOn) {
     spdlog::warn("scheduler: request {}: {}; retrying on another prefill worker", request_id_, why);
     if (SchedulerMetrics* m = dispatcher_->metrics()) m->PrefillRetried("another_worker");
-    route_ = "retried_prefill";
-    return ReserveAndPrefill(prefill_.get());
+    route_ = next.route;
+    return ReserveAndPrefill(PrefillChoice{std::move(next.worker), Route::kLocalFallback});
   }
   spdlog::warn("scheduler: request {}: {}; prefilling on the decode worker", request_id_, why);
   if (SchedulerMetrics* m = dispatcher_->metrics()) m->PrefillRetried("local");
-  StartGenerate(0, "local_fallback");
+  StartGenerate(0, next.route);
 }
 
-void Call::StartGenerate(uint64_t transfer_id, const std::string& route) {
-  times_.route = route;
+void Call::StartGenerate(uint64_t transfer_id, Route route) {
+  times_.route = RouteName(route);
   if (transfer_id == 0 && trimming_.method() != v1::TRIM_NONE) {
-    MethodFallback(absl::StrCat("the decode worker prefilled the whole prompt (", route, ")"));
+    MethodFallback(
+        absl::StrCat("the decode worker prefilled the whole prompt (", RouteName(route), ")"));
   }
   v1::GenerateRequest& g = generate_request_;
   g.set_request_id(request_id_);
@@ -409,18 +317,7 @@ void Call::StartGenerate(uint64_t transfer_id, const std::string& route) {
                                      request_.stop_token_ids.end());
   g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
   g.set_ignore_eos(request_.ignore_eos);
-  grpc::ClientContext* context;
-  {
-    MutexLock l(&mu_);
-    if (cancelled_) {
-      context = nullptr;
-    } else {
-      contexts_.push_back(NewClientContext());
-      context = contexts_.back().get();
-      phase_ = Phase::kGenerating;
-      hold_ = shared_from_this();
-    }
-  }
+  grpc::ClientContext* context = NextContext(Phase::kGenerating);
   if (context == nullptr) {
     if (transfer_id != 0) SendDecodeCancel(transfer_id);
     return Finish("cancelled", nullptr);
@@ -472,45 +369,33 @@ void Call::OnDone(const grpc::Status& status) {
   if (end_seen_) {
     times_.first_token_s = end_.timing().first_token_s();
     times_.decode_s = end_.timing().decode_s();
-    switch (end_.finish()) {
-      case v1::FINISH_STOP:
-        return Finish("stop", nullptr);
-      case v1::FINISH_LENGTH:
-        return Finish("length", nullptr);
-      case v1::FINISH_CANCELLED: {
-        ApiError e{503, absl::StrCat("the decode worker ended the request: ", end_.error()),
-                   "server_error", "", "worker_cancelled"};
-        return Finish("error", &e);
-      }
-      default: {
-        ApiError e{500, absl::StrCat("the decode worker failed: ", end_.error()), "server_error",
-                   "", ""};
-        return Finish("error", &e);
-      }
-    }
   }
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    decode_->MarkFailed(status.error_message());
-    if (Migrate(status)) return;
+  StreamEnd end;
+  end.end_seen = end_seen_;
+  end.finish = end_.finish();
+  end.error = end_.error();
+  end.status = tripod::FromGrpcStatus(status);
+  end.text_held = text_held_;
+  end.prompt_tokens = static_cast<int>(prompt_.size());
+  end.generated = static_cast<int>(generated_.size());
+  end.max_tokens = request_.max_tokens;
+  end.migrations = migrations_;
+  NextStep next = AfterStream(end, *decode_, Workers(), dispatcher_->options(), request_id_);
+  if (next.mark_failed) decode_->MarkFailed(status.error_message());
+  switch (next.kind) {
+    case NextStep::Kind::kFinish:
+      return Finish(next.finish, nullptr);
+    case NextStep::Kind::kMigrate:
+      return Migrate(std::move(next.worker), status);
+    default:
+      if (!next.note.empty()) {
+        spdlog::warn("scheduler: request {}: {}; not moved", request_id_, next.note);
+      }
+      return Finish("error", &next.status);
   }
-  ApiError e = WorkerError(absl::StrCat("decode worker ", decode_->address()), status);
-  if (status.ok())
-    e = ApiError{500, "the decode worker's stream ended without a finish", "server_error", "", ""};
-  Finish("error", &e);
 }
 
-bool Call::Migrate(const grpc::Status& status) {
-  if (migrations_ >= dispatcher_->options().migration_limit) return false;
-  if (text_held_) {
-    spdlog::warn("scheduler: request {}: decode worker {} died holding text back; not moved",
-                 request_id_, decode_->address());
-    return false;
-  }
-  const int n = static_cast<int>(prompt_.size() + generated_.size());
-  if (request_.max_tokens - static_cast<int>(generated_.size()) < 1) return false;
-  std::shared_ptr<Worker> other =
-      PickDecode(dispatcher_->registry().Healthy(v1::ROLE_DECODE), n, request_id_, decode_.get());
-  if (other == nullptr) return false;
+void Call::Migrate(std::shared_ptr<Worker> other, const grpc::Status& status) {
   ++migrations_;
   spdlog::warn(
       "scheduler: request {}: decode worker {} died mid-stream ({}); moving it to {} "
@@ -529,8 +414,7 @@ bool Call::Migrate(const grpc::Status& status) {
   carried_tokens_ = static_cast<int>(generated_.size());
   // The new worker prefills everything itself: the method's report stands as it was.
   trimming_.Clear();
-  StartGenerate(0, "migrated");
-  return true;
+  StartGenerate(0, Route::kMigrated);
 }
 
 void Call::Cancel() {
@@ -564,9 +448,9 @@ void Call::Cancel() {
   }
 }
 
-void Call::FailQueued(const ApiError& error) { Finish("error", &error); }
+void Call::FailQueued(const absl::Status& error) { Finish("error", &error); }
 
-void Call::Finish(const std::string& finish, const ApiError* error) {
+void Call::Finish(const std::string& finish, const absl::Status* error) {
   bool client_gone;
   {
     MutexLock l(&mu_);

@@ -1,4 +1,4 @@
-// One request's path through the workers (DESIGN.md, "The path of one request"):
+// One request's path through the workers:
 //   draft hop:       Draft.Score first when the request's method needs an importance map
 //                    (draft_methods.h); a draft failure or timeout runs the request without its
 //                    method, and the response's tripod.method says so
@@ -14,7 +14,9 @@
 // an error. A client that leaves cancels the request on every
 // worker holding it (the Generate call is cancelled and Decode.Cancel sent, which the engine
 // sees before its next step; a running prefill gets Prefill.Cancel and its reservation is
-// cancelled). All calls are gRPC's callback API: no thread waits for a worker.
+// cancelled). All calls are gRPC's callback API: no thread waits for a worker. Every choice
+// along the way (which worker, which route, what to reserve, what follows a failure) is
+// route_plan.h's; this only issues the calls and follows its answers.
 #pragma once
 
 #include <cstdint>
@@ -22,10 +24,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/util/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "scheduler/dispatcher.h"
+#include "scheduler/route_plan.h"
 #include "tripod/v1/decode.grpc.pb.h"
 #include "tripod/v1/draft.grpc.pb.h"
 #include "tripod/v1/prefill.grpc.pb.h"
@@ -46,7 +50,7 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   // The client left. Idempotent, any thread.
   void Cancel();
   // Never admitted (the scheduler stops): ends with `error`.
-  void FailQueued(const ApiError& error);
+  void FailQueued(const absl::Status& error);
 
   // ClientReadReactor (the Generate stream); gRPC's threads.
   void OnReadDone(bool ok) override;
@@ -55,24 +59,32 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
  private:
   enum class Phase { kQueued, kDrafting, kReserving, kPrefilling, kGenerating, kDone };
 
+  // The healthy workers now.
+  WorkerSnapshot Workers() const;
+  // Before each worker call: the call's context (kept for Cancel), the phase set, or nullptr
+  // when the client has left (then no call starts). Generating also holds the Call until the
+  // stream's OnDone.
+  grpc::ClientContext* NextContext(
+      Phase phase, std::chrono::milliseconds timeout = std::chrono::milliseconds(0));
+
   void StartDraft();
   void OnDrafted(const grpc::Status& status);
   // The method is not applied (the request runs without it): why, for the response.
   void MethodFallback(const std::string& why);
   // After the draft hop (or without one): decode worker, then prefill or decode-only.
-  void Route();
-  void ReserveAndPrefill(const Worker* exclude);
+  void ChooseWorkers();
+  // Reserve on decode_, then prefill on the chosen worker (or, without one, its fallback route).
+  void ReserveAndPrefill(PrefillChoice choice);
   void OnReserved(const grpc::Status& status);
   void RunPrefill();
   void OnPrefilled(const grpc::Status& status);
   // After a failed prefill: another prefill worker once, else the decode worker itself.
-  void RetryPrefill(const std::string& why);
-  void StartGenerate(uint64_t transfer_id, const std::string& route);
-  // After the Generate stream failed with `status` before its end: moves the request to another
-  // decode worker, if allowed and possible. True: a new stream is under way.
-  bool Migrate(const grpc::Status& status);
+  void RetryPrefill(const grpc::Status& status);
+  void StartGenerate(uint64_t transfer_id, Route route);
+  // The Generate stream failed with `status` before its end: a new stream on `other`.
+  void Migrate(std::shared_ptr<Worker> other, const grpc::Status& status);
   // Ends the request once: the callback (unless the client left), metrics, the dispatcher.
-  void Finish(const std::string& finish, const ApiError* error);
+  void Finish(const std::string& finish, const absl::Status* error);
   bool cancelled() const;
   // Fire-and-forget cancels on the workers (bounded by a deadline): the transfer if given, else
   // the request's Generate call; on `worker` (default: decode_).
@@ -109,7 +121,7 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   uint64_t transfer_id_ = 0;
   int prefill_attempts_ = 0;
   int decode_attempts_ = 0;
-  std::string route_;
+  Route route_ = Route::kDisaggregated;  // the disaggregated path's, once chosen
   std::string plan_ratio_;  // the POP ratio asked of the prefill worker; empty: its own
   v1::ReserveRequest reserve_request_;
   v1::ReserveResponse reserve_response_;

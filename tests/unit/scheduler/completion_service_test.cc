@@ -74,14 +74,14 @@ TEST_F(CompletionServiceTest, CompleteEqualsTheDispatcherAndGenerateAddsUpToIt) 
   StartCompletion();
   const std::vector<int32_t> prompt = SomeIds(45, 11);
   Outcome direct;
-  ApiError refused;
+  absl::Status refused;
   PreparedRequest p;
   p.prompt = prompt;
   p.max_tokens = 6;
   p.sampling.temperature = 0;
   p.ignore_eos = true;
   p.pop.kind = PopChoice::Kind::kOff;
-  ASSERT_NE(dispatcher_->Submit(p, direct.Callbacks(), &refused), nullptr) << refused.message;
+  ASSERT_NE(dispatcher_->Submit(p, direct.Callbacks(), &refused), nullptr) << refused;
   ASSERT_TRUE(direct.WaitDone());
 
   v1::CompletionResponse whole;

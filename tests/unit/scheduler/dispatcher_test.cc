@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "scheduler/request_status.h"
 #include "tests/unit/scheduler/in_process_workers.h"
 
 namespace tripod::scheduler {
@@ -26,10 +27,10 @@ TEST_F(DispatcherTest, DisaggregatedEqualsDecodeOnlyGreedy) {
   MakeDispatcher(o);
   const std::vector<int32_t> prompt = SomeIds(45, 3);
   Outcome disagg, local;
-  ApiError refused;
+  absl::Status refused;
   auto h1 =
       dispatcher_->Submit(Greedy(prompt, 6, PopChoice::Kind::kOff), disagg.Callbacks(), &refused);
-  ASSERT_NE(h1, nullptr) << refused.message;
+  ASSERT_NE(h1, nullptr) << refused;
   ASSERT_TRUE(disagg.WaitDone());
   // A prompt under the threshold would go straight to decode: the same prompt with no prefill
   // worker in the registry takes that path.
@@ -38,12 +39,12 @@ TEST_F(DispatcherTest, DisaggregatedEqualsDecodeOnlyGreedy) {
   MakeDispatcher(o, /*with_prefill=*/false);
   auto h2 =
       dispatcher_->Submit(Greedy(prompt, 6, PopChoice::Kind::kOff), local.Callbacks(), &refused);
-  ASSERT_NE(h2, nullptr) << refused.message;
+  ASSERT_NE(h2, nullptr) << refused;
   ASSERT_TRUE(local.WaitDone());
   MutexLock l1(&disagg.mu);
   MutexLock l2(&local.mu);
-  ASSERT_TRUE(disagg.end.has_value()) << disagg.error->message;
-  ASSERT_TRUE(local.end.has_value()) << local.error->message;
+  ASSERT_TRUE(disagg.end.has_value()) << disagg.error->message();
+  ASSERT_TRUE(local.end.has_value()) << local.error->message();
   EXPECT_EQ(disagg.end->times.route, "disaggregated");
   EXPECT_EQ(local.end->times.route, "decode_only");
   EXPECT_EQ(disagg.tokens.size(), 6u);
@@ -58,7 +59,7 @@ TEST_F(DispatcherTest, DisaggregatedEqualsDecodeOnlyGreedy) {
 TEST_F(DispatcherTest, CancelMidStreamFreesTheDecodeWorker) {
   MakeDispatcher(DispatcherOptions{});
   Outcome out;
-  ApiError refused;
+  absl::Status refused;
   auto h = dispatcher_->Submit(Greedy(SomeIds(60, 4), 5000, PopChoice::Kind::kDefault),
                                out.Callbacks(), &refused);
   ASSERT_NE(h, nullptr);
@@ -80,7 +81,7 @@ TEST_F(DispatcherTest, QueueAdmitsInOrderAndRefusesPastItsBound) {
   o.max_queue = 1;
   MakeDispatcher(o);
   Outcome a, b, c;
-  ApiError refused;
+  absl::Status refused;
   auto ha = dispatcher_->Submit(Greedy(SomeIds(20, 5), 40, PopChoice::Kind::kDefault),
                                 a.Callbacks(), &refused);
   auto hb = dispatcher_->Submit(Greedy(SomeIds(20, 6), 4, PopChoice::Kind::kDefault), b.Callbacks(),
@@ -91,8 +92,8 @@ TEST_F(DispatcherTest, QueueAdmitsInOrderAndRefusesPastItsBound) {
   auto hc = dispatcher_->Submit(Greedy(SomeIds(20, 7), 4, PopChoice::Kind::kDefault), c.Callbacks(),
                                 &refused);
   EXPECT_EQ(hc, nullptr);
-  EXPECT_EQ(refused.http_status, 429);
-  EXPECT_EQ(refused.type, "rate_limit_error");
+  EXPECT_EQ(ToApiError(refused).http_status, 429);
+  EXPECT_EQ(ToApiError(refused).type, "rate_limit_error");
   ASSERT_TRUE(a.WaitDone());
   ASSERT_TRUE(b.WaitDone());
   MutexLock la(&a.mu);
@@ -107,7 +108,7 @@ TEST_F(DispatcherTest, ShutdownEndsQueuedRequestsWith503) {
   o.max_inflight = 1;
   MakeDispatcher(o);
   Outcome a, b;
-  ApiError refused;
+  absl::Status refused;
   auto ha = dispatcher_->Submit(Greedy(SomeIds(20, 8), 5000, PopChoice::Kind::kDefault),
                                 a.Callbacks(), &refused);
   auto hb = dispatcher_->Submit(Greedy(SomeIds(20, 9), 4, PopChoice::Kind::kDefault), b.Callbacks(),
@@ -118,13 +119,13 @@ TEST_F(DispatcherTest, ShutdownEndsQueuedRequestsWith503) {
   EXPECT_EQ(dispatcher_->Submit(Greedy(SomeIds(5, 1), 1, PopChoice::Kind::kDefault),
                                 RequestCallbacks{}, &refused),
             nullptr);
-  EXPECT_EQ(refused.http_status, 503);
+  EXPECT_EQ(ToApiError(refused).http_status, 503);
   dispatcher_->Shutdown(std::chrono::milliseconds(10000));
   EXPECT_EQ(dispatcher_->running(), 0);
   ASSERT_TRUE(b.WaitDone(absl::Seconds(1)));
   MutexLock l(&b.mu);
   ASSERT_TRUE(b.error.has_value());
-  EXPECT_EQ(b.error->http_status, 503);
+  EXPECT_EQ(ToApiError(*b.error).http_status, 503);
   EXPECT_TRUE(DecodeIdle());
 }
 
@@ -140,19 +141,19 @@ TEST_F(DispatcherTest, ManyAtOnceAllComplete) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kRequests; ++i) {
     threads.emplace_back([&, i] {
-      ApiError refused;
+      absl::Status refused;
       // Half short (decode only), half long (through the prefill worker).
       handles[i] = dispatcher_->Submit(
           Greedy(SomeIds(i % 2 == 0 ? 6 : 40, 20 + i), 3, PopChoice::Kind::kDefault),
           outs[i]->Callbacks(), &refused);
-      EXPECT_NE(handles[i], nullptr) << refused.message;
+      EXPECT_NE(handles[i], nullptr) << refused;
     });
   }
   for (auto& t : threads) t.join();
   for (int i = 0; i < kRequests; ++i) {
     ASSERT_TRUE(outs[i]->WaitDone()) << i;
     MutexLock l(&outs[i]->mu);
-    ASSERT_TRUE(outs[i]->end.has_value()) << i << ": " << outs[i]->error->message;
+    ASSERT_TRUE(outs[i]->end.has_value()) << i << ": " << outs[i]->error->message();
     EXPECT_EQ(outs[i]->tokens.size(), 3u);
   }
   EXPECT_TRUE(DecodeIdle());
@@ -178,9 +179,9 @@ TEST_F(DispatcherTest, DraftHopAppliesEveryMethodConcurrentlyAndCancelsCleanly) 
     PreparedRequest r = Greedy(SomeIds(90, 10 + static_cast<int>(i)), 4, PopChoice::Kind::kOff);
     r.method.method = methods[i];
     r.method.budget_tokens = 40;
-    ApiError refused;
+    absl::Status refused;
     handles.push_back(dispatcher_->Submit(std::move(r), outs[i].Callbacks(), &refused));
-    ASSERT_NE(handles.back(), nullptr) << refused.message;
+    ASSERT_NE(handles.back(), nullptr) << refused;
   }
   // One more, cancelled at once: while queued or drafting, it ends without a word.
   Outcome gone;
@@ -188,7 +189,7 @@ TEST_F(DispatcherTest, DraftHopAppliesEveryMethodConcurrentlyAndCancelsCleanly) 
     PreparedRequest r = Greedy(SomeIds(300, 99), 4, PopChoice::Kind::kOff);
     r.method.method = DraftMethod::kSpecKv;
     r.method.budget_tokens = 64;
-    ApiError refused;
+    absl::Status refused;
     auto h = dispatcher_->Submit(std::move(r), gone.Callbacks(), &refused);
     ASSERT_NE(h, nullptr);
     h->Cancel();
@@ -197,7 +198,7 @@ TEST_F(DispatcherTest, DraftHopAppliesEveryMethodConcurrentlyAndCancelsCleanly) 
     SCOPED_TRACE(DraftMethodName(methods[i]));
     ASSERT_TRUE(outs[i].WaitDone());
     MutexLock l(&outs[i].mu);
-    ASSERT_TRUE(outs[i].end.has_value()) << outs[i].error->message;
+    ASSERT_TRUE(outs[i].end.has_value()) << outs[i].error->message();
     const MethodReport& m = outs[i].end->times.method;
     EXPECT_EQ(m.name, DraftMethodName(methods[i]));
     EXPECT_TRUE(m.applied) << m.fallback;
@@ -228,11 +229,11 @@ TEST_F(DispatcherTest, NoDecodeWorkerIs503) {
   registry_ = std::make_unique<WorkerRegistry>(ro);
   registry_->Start();
   dispatcher_ = std::make_unique<Dispatcher>(*registry_, nullptr, DispatcherOptions{});
-  ApiError refused;
+  absl::Status refused;
   EXPECT_EQ(dispatcher_->Submit(Greedy({1, 2, 3}, 1, PopChoice::Kind::kDefault), RequestCallbacks{},
                                 &refused),
             nullptr);
-  EXPECT_EQ(refused.http_status, 503);
+  EXPECT_EQ(ToApiError(refused).http_status, 503);
 }
 
 }  // namespace

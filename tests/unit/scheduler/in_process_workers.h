@@ -30,6 +30,7 @@
 #include "prefill_node/prefill_service.h"
 #include "prefill_node/prefill_worker.h"
 #include "scheduler/dispatcher.h"
+#include "scheduler/request_status.h"
 #include "scheduler/scheduler_metrics.h"
 #include "scheduler/worker_registry.h"
 #include "tests/unit/test_model.h"
@@ -48,7 +49,7 @@ struct Outcome {
   CondVar cv;
   std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
   std::optional<CompletionEnd> end ABSL_GUARDED_BY(mu);
-  std::optional<ApiError> error ABSL_GUARDED_BY(mu);
+  std::optional<absl::Status> error ABSL_GUARDED_BY(mu);
 
   RequestCallbacks Callbacks() {
     RequestCallbacks cb;
@@ -62,7 +63,7 @@ struct Outcome {
       end = e;
       cv.SignalAll();
     };
-    cb.on_error = [this](const ApiError& e) {
+    cb.on_error = [this](const absl::Status& e) {
       MutexLock l(&mu);
       error = e;
       cv.SignalAll();
