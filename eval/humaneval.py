@@ -359,6 +359,9 @@ class Serve:
     print("humaneval: " + " ".join(cmd), file=sys.stderr, flush=True)
     self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                  start_new_session=True)
+    # Its workers stay in this session (and die with it: PR_SET_PDEATHSIG), which lets a caller
+    # check that none outlived us.
+    print(f"humaneval: tripod serve pid {self.proc.pid}", file=sys.stderr, flush=True)
     threading.Thread(target=self._drain, args=(self.proc.stderr,), daemon=True).start()
     lines = []
     reader = threading.Thread(target=lambda: lines.extend(
@@ -406,6 +409,8 @@ class Serve:
         with contextlib.suppress(ProcessLookupError):
           os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+      print(f"humaneval: tripod serve stopped (exit status {self.proc.returncode})",
+            file=sys.stderr, flush=True)
     if self.tmp:
       shutil.rmtree(self.tmp, ignore_errors=True)
     return False

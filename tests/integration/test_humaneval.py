@@ -8,8 +8,10 @@ import importlib.util
 import json
 import os
 import socket
+import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -100,6 +102,42 @@ def run_harness(tmp_path, config, *extra):
   return p, out
 
 
+def serve_pid(stderr):
+  m = re.search(r"humaneval: tripod serve pid (\d+)", stderr)
+  assert m, stderr[-3000:]
+  return int(m.group(1))
+
+
+def session_members(sid):
+  """Processes (not zombies) of session `sid`: tripod serve and the workers it started."""
+  members = []
+  for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+      continue
+    if fields[0] != "Z" and int(fields[3]) == sid:
+      members.append(int(pid))
+  return members
+
+
+def assert_stopped(stderr):
+  """tripod serve was stopped by the harness (SIGTERM: a clean exit) and left nothing behind."""
+  assert "humaneval: tripod serve stopped (exit status 0)" in stderr, stderr[-3000:]
+  assert_reaped(serve_pid(stderr))
+
+
+def assert_reaped(sid):
+  # The harness waits for tripod serve, which waits for its workers: by the time the harness has
+  # exited they are gone (a little slack for the kernel's bookkeeping). Without that wait they
+  # would live on until a write to the closed pipes killed them.
+  deadline = time.monotonic() + 2
+  while session_members(sid) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  assert not session_members(sid), f"left behind: {session_members(sid)}"
+
+
 def read_lines(path):
   with open(path) as f:
     return [json.loads(line) for line in f]
@@ -108,6 +146,7 @@ def read_lines(path):
 def test_harness_end_to_end(tmp_path):
   p, pop_out = run_harness(tmp_path, "pop1/3", "--limit=2")
   assert p.returncode == 0, p.stderr[-3000:]
+  assert_stopped(p.stderr)
   rows = read_lines(pop_out)
   assert len(rows) == 3 and rows[-1]["summary"] is True
   for r in rows[:2]:
@@ -128,6 +167,7 @@ def test_harness_end_to_end(tmp_path):
   # The full model, shard 1 of 2: the odd problems; its prefill spends every FLOP.
   p, full_out = run_harness(tmp_path, "full", "--shard=1/2", "--limit=1")
   assert p.returncode == 0, p.stderr[-3000:]
+  assert_stopped(p.stderr)
   rows = read_lines(full_out)
   assert [r["task_id"] for r in rows[:-1]] == ["HumanEval/1"]
   assert rows[0]["prefill_flops_share"] == 1.0 and rows[0]["route"] == "disaggregated", rows[0]
@@ -149,6 +189,14 @@ def test_merge_joins_shards_and_refuses_duplicates(tmp_path):
   assert rows[-1]["n"] == 2 and rows[-1]["pass_at_1"] == 0.5
   with pytest.raises(SystemExit):
     humaneval.main(["--merge", str(a), str(a), f"--out={out}"])
+
+
+def test_a_failed_start_leaves_no_process(tmp_path):
+  # A second is too short for tripod serve to come up: the harness gives up, says so, and stops
+  # it and its workers.
+  p, out = run_harness(tmp_path, "full", "--limit=1", "--start-timeout-s=1")
+  assert p.returncode != 0 and "did not start within 1 s" in p.stderr, p.stderr[-3000:]
+  assert_stopped(p.stderr)
 
 
 @pytest.mark.parametrize("config", ["nokv1/3", "noboundary1/3", "shortgpt1/3"])
