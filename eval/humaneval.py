@@ -67,6 +67,7 @@ NOT_SELECTABLE = (
 # new top-level statement ends it. Greedy decoding, one sample: pass@1 is the fraction passed.
 STOP = ["\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#", "\nassert"]
 Z95 = 1.959963984540054
+REQUEST_ATTEMPTS = 3
 
 
 # ------------------------------------------------------------------------------------------------
@@ -444,21 +445,38 @@ def complete(client, model, prompt, request_pop, max_tokens, timeout_s):
   return "".join(text), usage.prompt_tokens, usage.completion_tokens, ttft, route
 
 
-def evaluate(args, problems, out):
+def evaluate(args, problems, out, done_rows=()):
   import openai
   spec = CONFIGS[args.config]
   serve_pop, request_pop = spec
   model_path = resolve_model_file(args.model)
   shape = model_shape(model_path)
-  rows = []
-  with Serve(args.tripod, args.model, serve_pop, args.start_timeout_s, args.serve_arg) as serve:
-    client = openai.OpenAI(base_url=serve.base_url, api_key="unused", max_retries=0)
-    for problem in problems:
-      before = flops_saved_total(serve.prefill_metrics)
-      text, prompt_tokens, output_tokens, ttft, route = complete(
-          client, serve.served_name, problem["prompt"], request_pop, args.max_tokens,
-          args.request_timeout_s)
-      saved = flops_saved_total(serve.prefill_metrics) - before
+  rows = list(done_rows)
+  done = {r["task_id"] for r in rows}
+  todo = [p for p in problems if p["task_id"] not in done]
+  if not todo:
+    print("humaneval: every problem is done already", file=sys.stderr)
+  with contextlib.ExitStack() as stack:
+    serve = stack.enter_context(
+        Serve(args.tripod, args.model, serve_pop, args.start_timeout_s, args.serve_arg)
+    ) if todo else None
+    client = openai.OpenAI(base_url=serve.base_url, api_key="unused",
+                           max_retries=0) if todo else None
+    for problem in todo:
+      for attempt in range(REQUEST_ATTEMPTS):
+        try:
+          before = flops_saved_total(serve.prefill_metrics)
+          text, prompt_tokens, output_tokens, ttft, route = complete(
+              client, serve.served_name, problem["prompt"], request_pop, args.max_tokens,
+              args.request_timeout_s)
+          saved = flops_saved_total(serve.prefill_metrics) - before
+          break
+        except (openai.APIError, OSError) as e:
+          # A worker that died is restarted by tripod serve; give it a moment, a few times.
+          if attempt + 1 == REQUEST_ATTEMPTS:
+            raise
+          print(f"humaneval: {problem['task_id']}: {e!r}; retrying", file=sys.stderr, flush=True)
+          time.sleep(10 * (attempt + 1))
       if route == "disaggregated":
         full = full_prefill_flops(shape, prompt_tokens - 1)
         share = (full - saved) / full
@@ -530,6 +548,8 @@ def main(argv=None):
   ap.add_argument("--start-timeout-s", type=float, default=600.0)
   ap.add_argument("--serve-arg", action="append", default=[],
                   help="one more `tripod serve` flag (repeatable), e.g. --serve-arg=--threads=1")
+  ap.add_argument("--resume", action="store_true",
+                  help="keep the problems --out already holds and run only the others")
   ap.add_argument("--merge", nargs="+", metavar="JSONL", help="join shard files into --out")
   ap.add_argument("--out", required=True, help="the JSON lines file to write")
   args = ap.parse_args(argv)
@@ -547,8 +567,17 @@ def main(argv=None):
     problems = select(load_problems(args.problems), args.shard, args.limit)
     # SIGTERM (a batch system's stop) unwinds like Ctrl-C, so that `tripod serve` is reaped.
     signal.signal(signal.SIGTERM, _interrupt)
+    done_rows = []
+    if args.resume and os.path.exists(args.out):
+      with open(args.out) as f:
+        done_rows = [r for r in map(json.loads, f) if not r.get("summary")]
+      if any(r["config"] != args.config or r["model"] != args.model for r in done_rows):
+        print(f"humaneval: {args.out} holds another model or configuration", file=sys.stderr)
+        return 2
     with open(args.out, "w") as out:
-      s = evaluate(args, problems, out)
+      for r in done_rows:
+        out.write(json.dumps(r) + "\n")
+      s = evaluate(args, problems, out, done_rows)
   print(json.dumps(s))
   return 0
 

@@ -164,6 +164,14 @@ def test_harness_end_to_end(tmp_path):
   assert s["pass_at_1"] == s["passed"] / 2 and s["ci95"][0] <= s["pass_at_1"] <= s["ci95"][1]
   assert s["sandbox"] in ("netns", "socket-stub")
 
+  # --resume keeps what is done: nothing left to run, no server started, the same rows.
+  p = subprocess.run([sys.executable, SCRIPT, f"--tripod={binary('tripod')}", f"--model={MODEL}",
+                      "--config=pop1/3", "--limit=2", "--resume", f"--out={pop_out}"],
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0 and "done already" in p.stderr and " serve --port" not in p.stderr, \
+      p.stderr[-3000:]
+  assert read_lines(pop_out)[:2] == rows[:2] and read_lines(pop_out)[-1]["n"] == 2
+
   # The full model, shard 1 of 2: the odd problems; its prefill spends every FLOP.
   p, full_out = run_harness(tmp_path, "full", "--shard=1/2", "--limit=1")
   assert p.returncode == 0, p.stderr[-3000:]
