@@ -372,9 +372,10 @@ class Serve:
       reader.join(self.start_timeout_s)
       m = re.search(r"(http://\S+/v1)\b", lines[0] if lines else "")
       if not m:
-        raise RuntimeError(f"tripod serve did not start within {self.start_timeout_s:.0f} s "
-                           f"(exit status {self.proc.poll()}); its log ends:\n" +
-                           "".join(self.log[-30:]))
+        why = (f"did not start within {self.start_timeout_s:.0f} s" if not lines else
+               f"said {lines[0]!r} instead of its URL")
+        raise RuntimeError(f"tripod serve {why} (exit status {self.proc.poll()}); its log "
+                           "ends:\n" + "".join(self.log[-30:]))
       self.base_url = m.group(1)
       threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
       deadline = time.monotonic() + 30
