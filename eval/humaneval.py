@@ -18,7 +18,7 @@ Configurations (`--config`): how each is selected through `tripod serve` today.
   pop0.2     tripod serve --pop 0.2; requests ask tripod.pop "0.2" (the scheduler routes them to a
   pop1/3     prefill worker whose skipped layers are that ratio's, docs/scheduler.md).
   noboundary1/3, nokv1/3, shortgpt1/3: POP's controls exist only inside `tripod eval-pop`
-             (prefill_node/pop_eval.cc); no flag of `tripod serve`, of the prefill worker or field
+             (cli/eval_pop.cc); no flag of `tripod serve`, of the prefill worker or field
              of a request selects them, so they are refused here rather than faked.
 
 The prefill FLOPs share of a request is (full-model prefill FLOPs - FLOPs POP saved) / full-model
@@ -58,7 +58,7 @@ CONFIGS = {
 }
 NOT_SELECTABLE = (
     "config {name}: POP's controls (no boundary token, no K/V projection, ShortGPT-style removal) "
-    "are implemented only inside `tripod eval-pop` (prefill_node/pop_eval.cc); `tripod serve` "
+    "are implemented only inside `tripod eval-pop` (cli/eval_pop.cc); `tripod serve` "
     "(--pop takes a ratio), the prefill worker (--pop_ratio, --pop_layers) and a request's "
     "tripod.pop select POP's plan only, so this configuration cannot be served. Use "
     "`tripod eval-pop --configs ...` for the controls' quality on text.")
