@@ -4,7 +4,6 @@
 // {"grpc_port":N,"http_port":M} to --port_file once both listen. SIGTERM/SIGINT: stop accepting,
 // let requests finish within --grace_ms, cancel the rest, exit 0.
 
-#include <map>
 #include <memory>
 #include <string>
 
@@ -13,9 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/compute/session.h"
-#include "common/kv_transfer/kv_link_cache.h"
-#include "common/kv_transfer/nccl_kv_link.h"
-#include "common/kv_transfer/transfer_faults.h"
+#include "common/kv_transfer/prefill_transfer_setup.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/engine_flags.h"
@@ -90,14 +87,15 @@ absl::StatusOr<PrefillOptions> EngineOptions(const WorkerProcess& process) {
 absl::Status Serve(WorkerProcess& process) {
   const int max_queue = absl::GetFlag(FLAGS_max_queue);
   if (max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
-  if (absl::GetFlag(FLAGS_ack_timeout_ms) <= 0 || absl::GetFlag(FLAGS_send_buffer_mb) <= 0 ||
-      absl::GetFlag(FLAGS_send_stall_ms) <= 0) {
-    return absl::InvalidArgumentError(
-        "--ack_timeout_ms, --send_stall_ms and --send_buffer_mb must be positive");
-  }
-  ASSIGN_OR_RETURN(const TransferFaultRates faults,
-                   ParseTransferFaults(absl::GetFlag(FLAGS_inject_transfer_faults)));
+  PrefillTransferFlags transfer{.ack_timeout_ms = absl::GetFlag(FLAGS_ack_timeout_ms),
+                                .send_stall_ms = absl::GetFlag(FLAGS_send_stall_ms),
+                                .send_buffer_mb = absl::GetFlag(FLAGS_send_buffer_mb),
+                                .kv_link = absl::GetFlag(FLAGS_kv_link),
+                                .kv_link_timeout_ms = absl::GetFlag(FLAGS_kv_link_timeout_ms),
+                                .inject_faults = absl::GetFlag(FLAGS_inject_transfer_faults)};
+  RETURN_IF_ERROR(CheckPrefillTransferFlags(transfer));
   ASSIGN_OR_RETURN(PrefillOptions options, EngineOptions(process));
+  transfer.backend = options.backend;
 
   ASSIGN_OR_RETURN(ModelIdentityInfo identity, ComputeModelIdentity(options.model_path));
   v1::ModelIdentity model;
@@ -111,64 +109,9 @@ absl::Status Serve(WorkerProcess& process) {
   metrics::Registry registry;
   PrefillWorkerOptions wo;
   wo.max_queue = max_queue;
-  wo.transfer.ack_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_ack_timeout_ms));
-  wo.transfer.stall_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_send_stall_ms));
-  wo.transfer.max_queued_bytes = size_t{1} * absl::GetFlag(FLAGS_send_buffer_mb) << 20;
-  if (faults.any()) {
-    wo.transfer.faults = std::make_shared<TransferFaultInjector>(faults);
-    spdlog::warn(
-        "TESTING ONLY: injecting KV transfer faults per chunk: drop {}, corrupt {}, "
-        "delay {} ({} ms)",
-        faults.drop, faults.corrupt, faults.delay, faults.delay_ms);
-    for (ChunkFault f : {ChunkFault::kDrop, ChunkFault::kCorrupt, ChunkFault::kDelay}) {
-      registry.AddCallbackGauge(
-          "tripod:kv_transfer_faults_injected",
-          "KV chunks dropped, corrupted or delayed on purpose",
-          {{"role", "prefill"}, {"kind", ChunkFaultName(f)}},
-          [injector = wo.transfer.faults, f] { return static_cast<double>(injector->count(f)); });
-    }
-  }
-  ASSIGN_OR_RETURN(const KvLinkMode link_mode, ParseKvLinkMode(absl::GetFlag(FLAGS_kv_link)));
   const std::optional<KvMemory> kv_memory = engine->backend().DeviceKvMemory();
-  const bool nccl = options.backend == "cuda" && NcclLinksBuilt();
-  if (link_mode == KvLinkMode::kNccl && !nccl) {
-    return absl::InvalidArgumentError("--kv_link=nccl needs --backend cuda and a build with NCCL");
-  }
-  if (link_mode == KvLinkMode::kTcp && (!kv_memory || !kv_memory->gather_rows)) {
-    return absl::InvalidArgumentError(
-        "--kv_link=tcp needs a KV out of the host's memory (--backend cuda or cpu-guarded-kv)");
-  }
-  if (link_mode == KvLinkMode::kIpc && (!kv_memory || !kv_memory->open_shared)) {
-    return absl::InvalidArgumentError(
-        "--kv_link=ipc needs a KV memory other processes share (--backend cuda or "
-        "cpu-guarded-kv)");
-  }
-  if (absl::GetFlag(FLAGS_kv_link_timeout_ms) <= 0) {
-    return absl::InvalidArgumentError("--kv_link_timeout_ms must be positive");
-  }
-  KvLinkCacheOptions lo;
-  lo.mode = link_mode;
-  lo.nccl = nccl;
-  lo.gpu = options.backend == "cuda";
-  lo.open_timeout = lo.io_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_kv_link_timeout_ms));
-  metrics::Counter& fallbacks = registry.AddCounter(
-      "tripod:kv_link_fallbacks_total",
-      "KV transfers that could have taken a KV link (device to device) and sent their payloads "
-      "in the PushKv messages: the decode worker offered none, or the link failed",
-      {{"role", "prefill"}});
-  std::map<std::string, metrics::Counter*> on_link;
-  for (const char* kind : {"nccl", "ipc", "tcp"}) {
-    on_link[kind] = &registry.AddCounter("tripod:kv_link_transfers_total",
-                                         "KV transfers whose payloads took a KV link",
-                                         {{"role", "prefill"}, {"kind", kind}});
-  }
-  wo.transfer.links = std::make_shared<KvLinkCache>(
-      lo, kv_memory ? &*kv_memory : nullptr, engine->kv_dtype(),
-      [&on_link](const char* kind) {
-        if (auto it = on_link.find(kind); it != on_link.end()) it->second->Inc();
-      },
-      [&fallbacks](const std::string&) { fallbacks.Inc(); });
-  wo.transfer.link_timeout = lo.io_timeout;
+  ASSIGN_OR_RETURN(wo.transfer,
+                   SetUpPrefillTransfer(transfer, kv_memory, engine->kv_dtype(), registry));
   PrefillWorker worker(*engine, &registry, wo);
   PrefillService service(worker, model);
 
