@@ -124,7 +124,7 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
     return absl::InvalidArgumentError(absl::StrCat("draft: first scored layer ", out.first_layer,
                                                    " is past the draft's ", depth_, " layers"));
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const auto t0 = std::chrono::steady_clock::now();
   // The request's own KV, as long as it needs: freed when the map is made (this function's end),
   // so an idle draft worker holds none.

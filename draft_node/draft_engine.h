@@ -16,6 +16,7 @@
 #include "common/compute/forward.h"
 #include "common/compute/model.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "common/util/mutex.h"
 #include "draft_node/specpc.h"
 
 namespace tripod {
@@ -97,7 +98,7 @@ class DraftEngine {
   std::unique_ptr<ForwardWorkspace> ws_;
   ForwardPlan plan_;            // depth_ layers: the map alone
   ForwardPlan lookahead_plan_;  // lookahead_depth_ layers: the prompt's pass and the lookahead
-  std::mutex mu_;
+  Mutex mu_;
 };
 
 }  // namespace tripod

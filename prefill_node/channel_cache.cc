@@ -6,7 +6,7 @@
 namespace tripod {
 
 std::shared_ptr<grpc::Channel> ChannelCache::Get(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::shared_ptr<grpc::Channel>& ch = channels_[address];
   if (ch == nullptr) ch = NewWorkerChannel(address);
   return ch;

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/util/mutex.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tripod {
@@ -17,8 +18,8 @@ class ChannelCache {
   std::shared_ptr<grpc::Channel> Get(const std::string& address);
 
  private:
-  std::mutex mu_;  // std::mutex for TSan: see cancel_token.h
-  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_;  // guarded by mu_
+  Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<grpc::Channel>> channels_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tripod

@@ -26,6 +26,7 @@
 #include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_staging.h"
 #include "common/util/log.h"
+#include "common/util/mutex.h"
 
 namespace tripod {
 namespace {
@@ -82,7 +83,7 @@ class GuardedRegions {
   void Free(uint8_t* p) {
     Region r;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       const auto it = regions_.find(p);
       if (it == regions_.end()) Die("free of memory it did not allocate", p);
       r = it->second;
@@ -94,7 +95,7 @@ class GuardedRegions {
   }
   // The writable address of [p, p + bytes), which must lie in one allocation.
   uint8_t* Rw(const uint8_t* p, size_t bytes) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = regions_.upper_bound(const_cast<uint8_t*>(p));
     if (it == regions_.begin()) Die("an address outside its memory", p);
     --it;
@@ -129,7 +130,7 @@ class GuardedRegions {
       if (guarded != MAP_FAILED) munmap(guarded, size);
       return nullptr;
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     regions_[static_cast<uint8_t*>(guarded)] =
         Region{size, static_cast<uint8_t*>(rw), std::move(shm_name)};
     return static_cast<uint8_t*>(guarded);
@@ -138,7 +139,7 @@ class GuardedRegions {
     Logger("compute.guarded_kv").critical("guarded KV memory: {} ({})", what, p);
     std::abort();
   }
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::map<uint8_t*, Region> regions_;
 };
 

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/util/mutex.h"
 
 namespace tripod {
 namespace {
@@ -66,8 +67,8 @@ absl::StatusOr<std::unique_ptr<X509, X509Free>> ParseCert(const std::string& pem
   return x;
 }
 
-std::mutex& CredentialsMutex() {
-  static std::mutex mu;
+Mutex& CredentialsMutex() {
+  static Mutex mu;
   return mu;
 }
 std::shared_ptr<grpc::ChannelCredentials>& CredentialsSlot() {
@@ -153,12 +154,12 @@ std::shared_ptr<grpc::ChannelCredentials> MutualTlsChannelCredentials(const TlsP
 }
 
 void SetWorkerChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials) {
-  std::lock_guard<std::mutex> lock(CredentialsMutex());
+  MutexLock lock(&CredentialsMutex());
   CredentialsSlot() = std::move(credentials);
 }
 
 std::shared_ptr<grpc::ChannelCredentials> WorkerChannelCredentials() {
-  std::lock_guard<std::mutex> lock(CredentialsMutex());
+  MutexLock lock(&CredentialsMutex());
   if (!CredentialsSlot()) return grpc::InsecureChannelCredentials();
   return CredentialsSlot();
 }

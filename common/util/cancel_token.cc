@@ -7,13 +7,13 @@ namespace tripod {
 
 void CancelToken::Cancel() {
   // The callback runs under the lock, so that OnCancel(nullptr) waits for it to end.
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (flag_.exchange(true, std::memory_order_relaxed)) return;
   if (on_cancel_) on_cancel_();
 }
 
 void CancelToken::OnCancel(std::function<void()> fn) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   on_cancel_ = std::move(fn);
   if (on_cancel_ && flag_.load(std::memory_order_relaxed)) on_cancel_();
 }

@@ -2,14 +2,15 @@
 // the flag between layers (cheap: one relaxed load); what blocks elsewhere (a KV stream waiting on
 // the network) registers a callback that Cancel() runs, so that it wakes at once.
 //
-// std::mutex rather than absl::Mutex: Debian's Abseil is built without ThreadSanitizer's
-// annotations, so TSan cannot see synchronisation through absl::Mutex, while it intercepts the
-// pthread calls under std::mutex (common/util/mutex.h wraps the same for annotated code).
+// The annotated Mutex of common/util/mutex.h (std::mutex underneath, whose pthread calls TSan
+// intercepts; Debian's absl::Mutex is invisible to it).
 #pragma once
 
 #include <atomic>
 #include <functional>
 #include <mutex>
+
+#include "common/util/mutex.h"
 
 namespace tripod {
 
@@ -31,7 +32,7 @@ class CancelToken {
 
  private:
   std::atomic<bool> flag_{false};
-  std::mutex mu_;
+  Mutex mu_;
   std::function<void()> on_cancel_;  // guarded by mu_
 };
 

@@ -18,6 +18,7 @@
 #include "common/compute/cpu/cpu_features.h"
 #include "common/compute/cpu/quant_gemv_internal.h"
 #include "common/util/huge_pages.h"
+#include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
 
@@ -94,7 +95,7 @@ class CpuMatrix final : public PreparedMatrix {
   const DnnlLinear& Gemm() const {
     if (absl::Status s = EnsureGemm(); !s.ok()) {
       // Only reachable without prepack_at_load, where preparation errors surface at first use.
-      std::fprintf(stderr, "tripod: GEMM preparation failed: %s\n", s.ToString().c_str());
+      Logger("compute.cpu").critical("GEMM preparation failed: {}", s.ToString());
       std::abort();
     }
     return *gemm;
@@ -248,7 +249,7 @@ class CpuBackend final : public Backend {
     const size_t bytes = (std::max<size_t>(floats, 16) * sizeof(float) + 63) / 64 * 64;
     void* p = std::aligned_alloc(64, bytes);
     if (p == nullptr) {
-      std::fprintf(stderr, "tripod: out of memory allocating %zu bytes\n", bytes);
+      Logger("compute.cpu").critical("out of memory allocating {} bytes", bytes);
       std::abort();
     }
     return static_cast<float*>(p);

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/util/log.h"
+
 namespace tripod {
 namespace {
 
@@ -90,8 +92,8 @@ int InitialCap() {
   if (env == nullptr || *env == '\0') return static_cast<int>(IsaLevel::kAmx);
   const std::optional<IsaLevel> level = ParseIsaName(env);
   if (!level) {
-    std::fprintf(stderr, "TRIPOD_MAX_CPU_ISA=%s ignored: expected scalar, avx2, avx512 or amx\n",
-                 env);
+    Logger("compute.cpu")
+        .warn("TRIPOD_MAX_CPU_ISA={} ignored: expected scalar, avx2, avx512 or amx", env);
     return static_cast<int>(IsaLevel::kAmx);
   }
   return static_cast<int>(*level);

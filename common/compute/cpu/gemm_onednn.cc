@@ -18,6 +18,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/compute/cpu/attention.h"
 #include "common/kv/kv_dtype.h"
+#include "common/util/log.h"
+#include "common/util/mutex.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace tripod {
@@ -45,7 +47,7 @@ struct DnnlLinear::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   dnnl::memory::desc wei_md;  // the packed layout
   dnnl::memory weights;       // packed weights, owned by oneDNN memory
-  mutable std::mutex mu;
+  mutable Mutex mu;
   mutable std::list<Entry> cache;  // most recently used first
 
   dt src_dt() const { return precision == GemmPrecision::kBF16 ? dt::bf16 : dt::f32; }
@@ -140,7 +142,7 @@ void DnnlLinear::Run(const float* x, int64_t m, int64_t ldx, float* y, int64_t l
       src = xb.data();
       src_ld = im.k;
     }
-    std::lock_guard<std::mutex> lock(im.mu);
+    MutexLock lock(&im.mu);
     const Entry& e = im.Get(m, src_ld, ldy);
     dnnl::stream stream(im.engine);
     dnnl::memory src_mem(e.src_md, im.engine, const_cast<void*>(src));
@@ -150,9 +152,8 @@ void DnnlLinear::Run(const float* x, int64_t m, int64_t ldx, float* y, int64_t l
     stream.wait();
   } catch (const dnnl::error& e) {
     // Shapes were validated in Create; an error here is a programming error, not bad input.
-    std::fprintf(stderr, "DnnlLinear::Run(m=%lld, n=%lld, k=%lld): oneDNN error: %s\n",
-                 static_cast<long long>(m), static_cast<long long>(im.n),
-                 static_cast<long long>(im.k), e.what());
+    Logger("compute.cpu")
+        .critical("DnnlLinear::Run(m={}, n={}, k={}): oneDNN error: {}", m, im.n, im.k, e.what());
     std::abort();
   }
 }
@@ -169,12 +170,12 @@ struct DnnlPlainGemm::Impl {
     dnnl::matmul prim;
     dnnl::memory::desc src_md, wei_md, dst_md;
   };
-  mutable std::mutex mu;
+  mutable Mutex mu;
   mutable std::list<std::shared_ptr<const Prim>> cache;  // most recently used first
 
   dt type() const { return precision == GemmPrecision::kBF16 ? dt::bf16 : dt::f32; }
   std::shared_ptr<const Prim> Get(const Shape& s) const {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     for (auto it = cache.begin(); it != cache.end(); ++it) {
       if ((*it)->shape == s) {
         cache.splice(cache.begin(), cache, it);
@@ -228,9 +229,8 @@ void DnnlPlainGemm::Run(const void* x, int64_t m, int64_t ldx, const void* w, in
     p->prim.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
     stream.wait();
   } catch (const dnnl::error& e) {
-    std::fprintf(stderr, "DnnlPlainGemm::Run(m=%lld, n=%lld, k=%lld): oneDNN error: %s\n",
-                 static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-                 e.what());
+    Logger("compute.cpu")
+        .critical("DnnlPlainGemm::Run(m={}, n={}, k={}): oneDNN error: {}", m, n, k, e.what());
     std::abort();
   }
 }

@@ -504,7 +504,7 @@ class CudaBackend final : public Backend {
       if (op_thread_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
         Synchronize();  // this thread's waiting writes and recorded step may use the memory
       } else if (graphs_) {
-        std::lock_guard<std::mutex> no_capture(graphs_->capture_mutex());
+        MutexLock no_capture(&graphs_->capture_mutex());
         cudaStreamSynchronize(stream_);
       } else {
         cudaStreamSynchronize(stream_);

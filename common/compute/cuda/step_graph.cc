@@ -74,7 +74,7 @@ void StepGraphs::Flush(const LaunchFn& launch, uint64_t extra_base) {
 
 cudaGraphExec_t StepGraphs::Capture(const LaunchFn& launch, uint8_t* arena) {
   // Thread-local: other threads' calls (KV transfers on their own streams) go on meanwhile.
-  std::lock_guard<std::mutex> capturing(capture_mu_);
+  MutexLock capturing(&capture_mu_);
   cudaError_t err = cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal);
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;

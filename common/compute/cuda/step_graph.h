@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "common/compute/step_tape.h"
+#include "common/util/mutex.h"
 
 namespace tripod {
 
@@ -40,7 +41,7 @@ class StepGraphs {
 
   const Counts& counts() const { return counts_; }
   // Held while a step is captured: another thread that must wait for the stream takes it.
-  std::mutex& capture_mutex() { return capture_mu_; }
+  Mutex& capture_mutex() { return capture_mu_; }
   size_t graphs() const { return cache_.graphs(); }
 
  private:
@@ -57,7 +58,7 @@ class StepGraphs {
   size_t host_bytes_ = 0;
   cudaEvent_t uploaded_ = nullptr;  // the last upload out of host_
   bool failed_ = false;
-  std::mutex capture_mu_;
+  Mutex capture_mu_;
   Counts counts_;
 };
 
