@@ -10,11 +10,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "common/kv_transfer/nccl_kv_link.h"
 #include "common/compute/session.h"
+#include "common/kv_transfer/kv_links.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/engine_flags.h"
@@ -64,25 +62,6 @@ absl::Status CheckFlags() {
   return absl::OkStatus();
 }
 
-// --kv_links, and a TCP link's host: where the gRPC server listens.
-absl::Status LinkOptions(const WorkerProcess& process, const std::string& backend,
-                         KvLinksOptions& links) {
-  for (absl::string_view kind : absl::StrSplit(absl::GetFlag(FLAGS_kv_links), ',')) {
-    if (kind == "nccl") {
-      links.nccl = backend == "cuda" && NcclLinksBuilt();
-    } else if (kind == "tcp") {
-      links.tcp = true;
-    } else if (kind == "ipc") {
-      links.ipc = true;
-    } else if (kind != "none" && !kind.empty()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--kv_links: unknown kind '", kind, "' (nccl | ipc | tcp | none)"));
-    }
-  }
-  links.tcp_host = ParseHostPort("listen", process.listen())->host;
-  return absl::OkStatus();
-}
-
 absl::Status Serve(WorkerProcess& process) {
   RETURN_IF_ERROR(CheckFlags());
   ASSIGN_OR_RETURN(const EngineFlags flags, SetUpEngineFlags());
@@ -98,7 +77,9 @@ absl::Status Serve(WorkerProcess& process) {
   DecodeServiceOptions so;
   so.transfers.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   so.transfers.max_lease = std::max(so.transfers.max_lease, so.transfers.default_lease);
-  RETURN_IF_ERROR(LinkOptions(process, eo.backend, so.links));
+  // TCP links listen where the gRPC server does.
+  ASSIGN_OR_RETURN(so.links, ParseKvLinks(absl::GetFlag(FLAGS_kv_links), eo.backend,
+                                          ParseHostPort("listen", process.listen())->host));
   ASSIGN_OR_RETURN(const ModelIdentityInfo identity, ComputeModelIdentity(eo.model_path));
   ASSIGN_OR_RETURN(std::unique_ptr<DecodeEngine> engine, DecodeEngine::Create(eo));
   engine->Start();

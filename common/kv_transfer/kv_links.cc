@@ -6,11 +6,31 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/kv_transfer/nccl_kv_link.h"
 #include "common/kv_transfer/tcp_kv_link.h"
 
 namespace tripod {
+
+absl::StatusOr<KvLinksOptions> ParseKvLinks(absl::string_view kinds, absl::string_view backend,
+                                            std::string tcp_host) {
+  KvLinksOptions links;
+  for (absl::string_view kind : absl::StrSplit(kinds, ',')) {
+    if (kind == "nccl") {
+      links.nccl = backend == "cuda" && NcclLinksBuilt();
+    } else if (kind == "tcp") {
+      links.tcp = true;
+    } else if (kind == "ipc") {
+      links.ipc = true;
+    } else if (kind != "none" && !kind.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_links: unknown kind '", kind, "' (nccl | ipc | tcp | none)"));
+    }
+  }
+  links.tcp_host = std::move(tcp_host);
+  return links;
+}
 
 struct KvLinks::Link {
   Mutex mu;

@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/kv/kv_layout.h"
 #include "common/kv/kv_memory.h"
@@ -40,6 +41,11 @@ struct KvLinksOptions {
   absl::Duration io_timeout = absl::Seconds(30);    // one payload, and one turn, within this
   int max_links = 64;                               // open or opening at once
 };
+
+// The decode worker's --kv_links list (nccl | ipc | tcp | none, comma-separated) as options:
+// nccl only with the CUDA backend in a build with NCCL; TCP links listen on `tcp_host`.
+absl::StatusOr<KvLinksOptions> ParseKvLinks(absl::string_view kinds, absl::string_view backend,
+                                            std::string tcp_host);
 
 class KvLinks {
  public:
