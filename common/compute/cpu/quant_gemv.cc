@@ -678,10 +678,9 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     }
   };
   // One contiguous range per thread (static, no shared counter), none under ~16 KB of weights:
-  // each thread then reads one stream, which the prefetchers follow. Measured on Zen 4 against
-  // ~4 dynamic chunks per thread: decode at batch 1 228 against 195 tok/s (6 alternated runs),
-  // the 2-thread read of the decode working set 29-35 against 22-30 GB/s. A fork/join costs as
-  // much as streaming ~16 KB.
+  // each thread then reads one stream, which the prefetchers follow (faster than ~4 dynamic chunks
+  // per thread: docs/cpu-kernels.md, "Figures behind the code's constants"). A fork/join costs
+  // about as much as streaming 16 KB.
   const int threads = ComputeThreads();
   const int64_t min_units = std::max<int64_t>(1, (16 << 10) / std::max<int64_t>(1, unit_bytes));
   const int64_t grain = std::max<int64_t>(min_units, (units + threads - 1) / threads);

@@ -17,24 +17,22 @@ namespace tripod {
 //         exact integer dot products with the weights' integer values (vpdpwssd / vpmaddwd),
 //         the block scales and Q4_1's minimum applied in fp32 (the minimum against x's exact
 //         fp32 block sums). x's rounding error is 2^-16 of its block's largest value, some 100
-//         times below bf16's, at about half the instructions of kF32 per weight block
-//         (measured on Zen 4, one 1536 x 576 Q4_1 matrix in cache: 2.8 against 5.4 cycles a
-//         block), which is what lets one core keep up with DRAM at batch 1.
+//         times below bf16's, at about half the instructions of kF32 per weight block, which is
+//         what lets one core keep up with DRAM at batch 1 (docs/cpu-kernels.md, "Figures behind
+//         the code's constants").
 //  kBf16: x rounded to bf16, each block dequantised to bf16 in registers (the bf16 GEMM's weights),
 //         bf16 dot products with fp32 accumulation (AVX512_BF16 only; elsewhere, and for
 //         other weight types, kF32). Below kBf16MinRows rows it is kF32, which reads the
-//         weights as fast there (measured on Zen 4: 1 row 4.1 ms per decode pass in fp32 against
-//         5.0 in bf16; 4 rows 8.7 against 7.8; 16 rows 33 against 19).
+//         weights as fast there (the same section of docs/cpu-kernels.md).
 //  kF32Tile: for many rows of x (8 and more): kTileRows weight rows at a time dequantised to fp32
 //         once into L1 and multiplied against all rows of x (transposed) by a register tile,
 //         fp32 throughout (weights exact, products and sums in fp32, as kF32). Each weight
 //         element costs one broadcast and one FMA per 8 x rows; kInt16 pays per weight block
-//         and group of 4 x rows an unpack, and per block and x row a conversion and a scale FMA.
-//         Measured on Zen 4 with the AVX2 code, one core, a 1536 x 576 Q4_1 matrix in cache, 16
-//         rows: 307 against kInt16's 432 us. A row's result depends on whether it shares its
-//         group of 16 with 8 or fewer rows (the tile's width), so it is not batch invariant, and
-//         it is slower than kInt16 below about 8 rows. Q4_0, Q4_1 and Q8_0 with AVX2; kF32
-//         otherwise.
+//         and group of 4 x rows an unpack, and per block and x row a conversion and a scale FMA,
+//         so from about 8 rows it is the faster (ibid.). A row's result depends on whether it
+//         shares its group of 16 with 8 or fewer rows (the tile's width), so it is not batch
+//         invariant, and it is slower than kInt16 below about 8 rows. Q4_0, Q4_1 and Q8_0 with
+//         AVX2; kF32 otherwise.
 enum class GemvMode { kF32, kInt8, kInt16, kBf16, kF32Tile };
 inline constexpr int kBf16MinRows = 4;
 
@@ -68,11 +66,10 @@ inline int64_t InterleavedRows(const QuantMatrix& w) {
 // Whether InterleaveRows takes w (a block type the vector kernels read, GGUF layout).
 bool CanInterleave(const QuantMatrix& w);
 
-// Writes w's n * row_bytes bytes to dst in the kInterleaveRows layout. Measured on Zen 4 (the
-// bundled model's decode pass from DRAM, load-only loops in one process): one stream per thread
-// read 33-39 GB/s where 4 row streams read 26-33. Grouping each run's scales ahead of its quants
-// then made the int16 decode pass of the forward's matrices 1.25x as fast (see
-// qgemv::IlRunAt). dst must not overlap w.data.
+// Writes w's n * row_bytes bytes to dst in the kInterleaveRows layout: one stream per thread
+// reads faster from DRAM than 4 row streams, and each run's scales ahead of its quants speed the
+// int16 decode pass further (see qgemv::IlRunAt; docs/cpu-kernels.md, "Figures behind the code's
+// constants"). dst must not overlap w.data.
 void InterleaveRows(const QuantMatrix& w, void* dst);
 
 // Row j of w in GGUF layout (row_bytes bytes) into out, whatever w's layout.

@@ -15,7 +15,7 @@ struct Isa {
   static inline __m256i DotS16x2(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
     return _mm256_add_epi32(_mm256_madd_epi16(a0, b0), _mm256_madd_epi16(a1, b1));
   }
-  // 16 ymm registers: 4 weight rows per group, 8 accumulators at most (measured on Zen 3).
+  // 16 ymm registers: 4 weight rows per group, 8 accumulators at most (more spill).
   static constexpr int kRowsOuter = 4;
   static constexpr int kAccumulators = 8;
   static constexpr int kAccumulatorsF32 = 8;

@@ -18,7 +18,8 @@ struct Isa {
   static inline __m256i DotS16x2(__m256i a0, __m256i b0, __m256i a1, __m256i b1) {
     return _mm256_dpwssd_epi32(_mm256_dpwssd_epi32(_mm256_setzero_si256(), a0, b0), a1, b1);
   }
-  // The AVX2 groups: twice as many (32 registers) measured slower on Zen 4, 10-25 % at m = 1.
+  // The AVX2 groups: twice as many (32 registers) measured slower at m = 1 (docs/cpu-kernels.md,
+  // "Figures behind the code's constants").
   static constexpr int kRowsOuter = 4;
   static constexpr int kAccumulators = 8;
   static constexpr int kAccumulatorsF32 = 8;

@@ -239,7 +239,7 @@ template <GgmlType T>
 void Range(const QuantMatrix& w, const Bf16Act& xa, float* y, int64_t ldy, int64_t j0, int64_t j1) {
   int i = 0;
   // Groups of at most 8 x rows: 16 rows of a 1536-wide x (48 KB) would not stay in L1, and
-  // two weight rows per 8 x rows halve the x loads per dot product (measured faster on Zen 4).
+  // two weight rows per 8 x rows halve the x loads per dot product.
   for (; i + 8 <= xa.m; i += 8) RangeMG<T, 8>(w, xa, i, y, ldy, j0, j1);
   if (xa.m - i >= 8) {
     RangeMG<T, 8>(w, xa, i, y, ldy, j0, j1);

@@ -167,9 +167,8 @@ inline constexpr int64_t kRowQuantum = 8;
 //   the quants (16 bytes of nibbles, or 32 int8), row r's block j at (j * G + r) * quant bytes.
 // A kernel then converts a row's 8 scales with one load, and its quant loads never straddle a
 // cache line; the block-by-block interleave it replaced gathered each scale and loaded quants at
-// odd offsets. Measured on Zen 4, 2 threads, alternated: the decode pass (bench/kernels) went from
-// 0.78 to 0.91 of a plain read of the same bytes in int16 mode, from 0.44 to 0.55 in bf16 at 4
-// rows (docs/cpu-kernels.md).
+// odd offsets (the decode pass's gain: docs/cpu-kernels.md, "Zen 4, 2026-12-02 (night): scales
+// ahead of quants in each 8-block run").
 inline constexpr int kIlRun = 8;
 
 // Per block: the bytes of its scale d (and Q4_1's minimum m), and of its quants.

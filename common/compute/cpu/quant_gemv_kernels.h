@@ -135,8 +135,8 @@ inline void Scales8(const uint8_t* blk, int cnt, __m256* d, __m256* mn) {
 }
 
 // Software prefetch distance in the weight stream. The rows of a range are one contiguous
-// stream, but the hardware prefetcher alone left the DRAM-bound decode pass ~30 % slower on
-// Zen 3 (1 KB: -25 %, 2 KB: -30 %, 4 KB: best, 8-16 KB: worse again).
+// stream, but the hardware prefetcher alone left the DRAM-bound decode pass slower; 4 KB measured
+// best (docs/cpu-kernels.md, "Figures behind the code's constants").
 constexpr int kPrefetchBytes = 4096;
 
 // Prefetches the part of the stream a row group will read kPrefetchBytes later: the group
@@ -211,8 +211,8 @@ enum class Dot { kF32, kInt8, kInt16 };
 
 // Rows per group for MG x rows: as many as the accumulator budget allows, a power of two that
 // divides kRowsOuter. At 3-4 x rows the fp32 and int16 kernels keep 8-16 x vectors live, so
-// their budget halves there (measured on Zen 3: one row at 4 x rows is ~10 % faster than two,
-// which spill).
+// their budget halves there (two rows spill; docs/cpu-kernels.md, "Figures behind the code's
+// constants").
 template <class Isa, Dot D, int MG>
 constexpr int RowsPerGroup() {
   int r = Isa::kRowsOuter;
@@ -242,10 +242,9 @@ inline void StoreSums(__m256 (&acc)[R][MG], float* y, int64_t ldy) {
 
 // The kernels walk the blocks run by run (kIlRun blocks, the interleaved layout's runs): first
 // the run's scale table (weight scales times x's, and the minimum / offset terms), then its blocks.
-// A full run's table is built with kIlRun as a constant, so that its loads need no masks.
-// Measured on Zen 4 (int16, Q4_1, 4 interleaved rows, L2-resident, one core, alternated in one
-// process): tables built 64 blocks ahead of their blocks ran ~1.15x slower, masked loads in full
-// runs ~1.07x.
+// A full run's table is built with kIlRun as a constant, so that its loads need no masks (tables
+// built further ahead, and masked loads in full runs, measured slower: docs/cpu-kernels.md,
+// "Figures behind the code's constants").
 template <class Prep>
 inline void PrepRun(int cnt, Prep&& prep) {
   if (cnt == kIlRun) {
@@ -406,7 +405,7 @@ inline void GroupF32(const uint8_t* row0, int64_t rs, int r0, const F32Act& xa, 
 // steps), converted once and scaled by d_w * d_x; Q4_1's minimum (Q4_0's -8 d) multiplies x's
 // fp32 block sums, 8 blocks per FMA as in fp32 mode. Its scale tables are built as GroupInt8's,
 // written out again: a shared helper taking the tables and accumulators by reference measured
-// 2-5 % slower (Zen 4, one core).
+// slower (docs/cpu-kernels.md, "Figures behind the code's constants").
 template <class Isa, GgmlType T, int R, int MG, int IL>
 inline void GroupInt16(const uint8_t* row0, int64_t rs, int r0, const Int16Act& xa, int i0,
                        float* y, int64_t ldy) {
@@ -502,10 +501,9 @@ inline void OuterStep(const uint8_t* row0, int64_t rb, int r0, const Act& xa, fl
   constexpr int R3 = std::min(RN, RowsPerGroup<Isa, D, 3>());
   constexpr int R2 = std::min(RN, RowsPerGroup<Isa, D, 2>());
   // One x row, GGUF layout: Q8_0 (the tied output head, 49152 rows of 612 bytes) in groups of 2
-  // rows, not 4. In cache 4 rows share each x load and are faster (74 against 100 us for 4096
-  // rows, one Zen 4 core), but from DRAM 2 interleaved row streams stream better than 4: the
-  // decode pass over all 211 matrices ran 8-11 % faster (two sets of 4-5 alternated pairs, 7 of 9
-  // ahead). Interleaved rows are one stream whatever the group.
+  // rows, not 4. In cache 4 rows share each x load and are faster, but from DRAM 2 interleaved
+  // row streams stream better than 4 (docs/cpu-kernels.md, "Figures behind the code's constants").
+  // Interleaved rows are one stream whatever the group.
   constexpr int R1 = std::min(
       {RN, RowsPerGroup<Isa, D, 1>(), T == GgmlType::kQ8_0 && IL == 1 ? 2 : Isa::kRowsOuter});
   int i = 0;
@@ -667,9 +665,8 @@ void FloatRowsT(const QuantMatrix& w, const F32Act& xa, float* y, int64_t ldy, i
 // scale FMA besides its dot. Here kTileRows weight rows are dequantised to fp32, a run of
 // kIlRun blocks at a time, into an L1 buffer; a register tile of kTileRows weight rows x 16 x
 // rows (x transposed: 16 rows' values of one column in two vectors) then does one broadcast and
-// two FMAs per weight element and row pair, so the FMA units set the pace. Measured on Zen 4
-// (AVX2 code, one core, 1536 x 576 Q4_1 in cache, 16 x rows): 307 us against the int16 kernel's
-// 432.
+// two FMAs per weight element and row pair, so the FMA units set the pace (the gain over the
+// int16 kernel at 16 rows: docs/cpu-kernels.md, "Figures behind the code's constants").
 inline constexpr int kTileRows = 6;   // 12 accumulators at 16 x rows, 2 x vectors, 1 broadcast
 inline constexpr int kTileCols = 16;  // x rows per group of the transposed activations
 inline constexpr int kTileRun = kIlRun * 32;  // weight elements dequantised per step
@@ -749,8 +746,8 @@ __attribute__((noinline)) void TileMicro(const float (*wt)[kTileRun], const floa
 }
 
 // Output rows [j0, j1) of y = x * W^T from the transposed activations (see F32TileAct). No
-// software prefetch: two runs ahead changed nothing measurable (Zen 4, the decode pass at 16
-// rows from DRAM, alternated with a plain read), the pass being bound by the FMAs here.
+// software prefetch: the pass is bound by the FMAs here, and two runs ahead changed nothing
+// measurable (docs/cpu-kernels.md, "Figures behind the code's constants").
 // deq(row, b0, cnt, out): row `row`'s blocks [b0, b0 + cnt) of 32 as fp32 into out.
 template <class Deq>
 void TileRowsWith(const QuantMatrix& w, const F32TileAct& xa, float* y, int64_t ldy, int64_t j0,

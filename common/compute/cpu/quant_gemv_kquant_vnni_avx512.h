@@ -34,7 +34,8 @@
 namespace tripod::qgemv {
 namespace {
 
-// Software prefetch distance of these kernels' row streams.
+// Software prefetch distance of these kernels' row streams (docs/cpu-kernels.md, "Figures behind
+// the code's constants").
 constexpr int kPrefetchBytesV = 8192;
 
 // vpternlog(a, b, c) as the bit select "c ? b : a".
