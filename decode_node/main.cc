@@ -8,39 +8,23 @@
 #include <memory>
 #include <string>
 
-#include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/compute/session.h"
-#include "common/kv_transfer/kv_links.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
-#include "common/rpc/engine_flags.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/worker_process.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/idle_memory_release.h"
 #include "common/util/status_macros.h"
 #include "decode_node/decode_engine.h"
+#include "decode_node/decode_flags.h"
 #include "decode_node/decode_metrics.h"
 #include "decode_node/decode_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/resource_quota.h"
 #include "spdlog/spdlog.h"
-
-ABSL_FLAG(std::string, kv_cache_dtype, "auto", "KV element type: auto | f32 | f16 | bf16 | q8_0");
-ABSL_FLAG(int64_t, kv_budget_mb, 512, "KV cache memory in MiB");
-ABSL_FLAG(int, block_tokens, 16, "token slots per KV block");
-ABSL_FLAG(int, max_running, 128, "sequences in the continuous batch at most");
-ABSL_FLAG(int, max_tokens_per_step, 256, "forward rows per step (decode tokens + prompt chunks)");
-ABSL_FLAG(std::string, kv_links, "nccl,ipc",
-          "KV links (device-to-device payloads, Decode.OpenKvLink) this worker takes, "
-          "comma-separated: nccl (with --backend cuda, in a build with NCCL) | ipc (a prefill "
-          "worker on this worker's device: a shared buffer, in NCCL's place) | tcp (tests: the "
-          "same protocol over TCP, for a KV out of the host's reach without a GPU) | none");
-ABSL_FLAG(int64_t, lease_ms, 30000,
-          "default lease of a KV reservation: freed unless adopted by then (Reserve may ask for "
-          "another)");
 
 namespace tripod {
 namespace {
@@ -52,34 +36,10 @@ constexpr ProcessInfo kProcess{
         "/metrics on HTTP)",
     .invalid_argument_exit = 2};
 
-absl::Status CheckFlags() {
-  if (absl::GetFlag(FLAGS_kv_budget_mb) <= 0) {
-    return absl::InvalidArgumentError("--kv_budget_mb must be > 0");
-  }
-  if (absl::GetFlag(FLAGS_lease_ms) <= 0) {
-    return absl::InvalidArgumentError("--lease_ms must be > 0");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status Serve(WorkerProcess& process) {
-  RETURN_IF_ERROR(CheckFlags());
-  ASSIGN_OR_RETURN(const EngineFlags flags, SetUpEngineFlags());
-  DecodeEngineOptions eo;
-  ASSIGN_OR_RETURN(eo.model_path, process.ModelPath());
-  eo.precision = flags.precision;
-  eo.backend = flags.backend;
-  eo.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  eo.kv_budget_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_kv_budget_mb)) << 20;
-  eo.block_tokens = absl::GetFlag(FLAGS_block_tokens);
-  eo.max_running = absl::GetFlag(FLAGS_max_running);
-  eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
-  DecodeServiceOptions so;
-  so.transfers.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
-  so.transfers.max_lease = std::max(so.transfers.max_lease, so.transfers.default_lease);
-  // TCP links listen where the gRPC server does.
-  ASSIGN_OR_RETURN(so.links, ParseKvLinks(absl::GetFlag(FLAGS_kv_links), eo.backend,
-                                          ParseHostPort("listen", process.listen())->host));
+  ASSIGN_OR_RETURN(DecodeFlags f, DecodeFlagsFromCommandLine(process));
+  const DecodeEngineOptions& eo = f.engine;
+  const DecodeServiceOptions& so = f.service;
   ASSIGN_OR_RETURN(const ModelIdentityInfo identity, ComputeModelIdentity(eo.model_path));
   ASSIGN_OR_RETURN(std::unique_ptr<DecodeEngine> engine, DecodeEngine::Create(eo));
   engine->Start();
@@ -101,7 +61,7 @@ absl::Status Serve(WorkerProcess& process) {
   spdlog::info("model {} ({}), {}, precision {}, {} KV blocks of {} tokens, lease {} ms",
                identity.file_name, engine->plan().DebugString(), engine->backend_name(),
                eo.precision, engine->stats().total_blocks, eo.block_tokens,
-               absl::GetFlag(FLAGS_lease_ms));
+               absl::ToInt64Milliseconds(so.transfers.default_lease));
 
   ServeOptions serve;
   // Once a second: after a spell of work, an idle worker gives freed heap back to the kernel.

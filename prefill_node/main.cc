@@ -7,7 +7,6 @@
 #include <memory>
 #include <string>
 
-#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -15,7 +14,6 @@
 #include "common/kv_transfer/prefill_transfer_setup.h"
 #include "common/metrics/http_endpoint.h"
 #include "common/metrics/metrics.h"
-#include "common/rpc/engine_flags.h"
 #include "common/rpc/model_identity.h"
 #include "common/rpc/worker_process.h"
 #include "common/rpc/worker_server.h"
@@ -23,36 +21,10 @@
 #include "common/util/thread_pool.h"
 #include "grpcpp/grpcpp.h"
 #include "prefill_node/prefill_engine.h"
+#include "prefill_node/prefill_flags.h"
 #include "prefill_node/prefill_service.h"
 #include "prefill_node/prefill_worker.h"
 #include "spdlog/spdlog.h"
-
-ABSL_FLAG(std::string, pop_ratio, "0",
-          "POP pruning ratio of the plan loaded, e.g. 1/3 (0: full weights, any request's plan)");
-ABSL_FLAG(std::string, pop_layers, "",
-          "skipped layers instead of a ratio, e.g. 20-29 or 3,7 (none: skip nothing)");
-ABSL_FLAG(int, chunk, tripod::PrefillOptions{}.chunk, "prompt tokens per forward pass");
-ABSL_FLAG(int, max_queue, 64, "requests waiting at most; more are refused (RESOURCE_EXHAUSTED)");
-ABSL_FLAG(int, ack_timeout_ms, 30000,
-          "how long a KV transfer waits for the decode side's acknowledgement of its end");
-ABSL_FLAG(int, send_stall_ms, 10000,
-          "a KV push that finds the send buffer full waits at most this long for the decode "
-          "worker to take some (a paused decode worker then fails its transfer, and the "
-          "scheduler moves the request, rather than holding this worker's engine)");
-ABSL_FLAG(int, send_buffer_mb, 64,
-          "encoded KV waiting for the network per transfer, at most (the forward then waits)");
-ABSL_FLAG(std::string, kv_link, "auto",
-          "where KV payloads travel: auto (a link, GPU to GPU, when this worker and the decode "
-          "worker keep their KV on GPUs: NCCL, or IPC when they share one GPU; else in the "
-          "PushKv messages) | none | nccl | ipc (one device only) | tcp (tests: the link's "
-          "protocol over TCP, for a KV out of the host's reach without a GPU)");
-ABSL_FLAG(int, kv_link_timeout_ms, 10000,
-          "a KV link's set-up, and one payload on it, at most; a decode worker that offers no "
-          "link, or whose link fails (the transfer then fails and the scheduler retries it), is "
-          "not asked again for a minute, doubled after each failure in a row up to 64 minutes");
-ABSL_FLAG(std::string, inject_transfer_faults, "",
-          "TESTING ONLY: drop, corrupt or delay KV chunks on their way to the decode worker, "
-          "e.g. drop=0.02,corrupt=0.02,delay=0.05,delay_ms=300,seed=1 (tests/chaos/)");
 
 namespace tripod {
 namespace {
@@ -63,39 +35,9 @@ constexpr ProcessInfo kProcess{
         "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and "
         "/metrics on HTTP)"};
 
-absl::StatusOr<PrefillOptions> EngineOptions(const WorkerProcess& process) {
-  PrefillOptions o;
-  ASSIGN_OR_RETURN(o.model_path, process.ModelPath());
-  ASSIGN_OR_RETURN(const EngineFlags engine, SetUpEngineFlags());
-  o.precision = engine.precision;
-  o.backend = engine.backend;
-  o.chunk = absl::GetFlag(FLAGS_chunk);
-  if (o.chunk <= 0) return absl::InvalidArgumentError("--chunk must be positive");
-  std::string ratio = absl::GetFlag(FLAGS_pop_ratio);
-  const std::string layers = absl::GetFlag(FLAGS_pop_layers);
-  if (!layers.empty()) {
-    // --pop_ratio's default gives way to an explicit layer list; a ratio given too is an error.
-    if (ratio != "0") {
-      return absl::InvalidArgumentError("give --pop_ratio or --pop_layers, not both");
-    }
-    ratio.clear();
-  }
-  ASSIGN_OR_RETURN(o.pop, ParsePopConfig(ratio, layers));
-  return o;
-}
-
 absl::Status Serve(WorkerProcess& process) {
-  const int max_queue = absl::GetFlag(FLAGS_max_queue);
-  if (max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
-  PrefillTransferFlags transfer{.ack_timeout_ms = absl::GetFlag(FLAGS_ack_timeout_ms),
-                                .send_stall_ms = absl::GetFlag(FLAGS_send_stall_ms),
-                                .send_buffer_mb = absl::GetFlag(FLAGS_send_buffer_mb),
-                                .kv_link = absl::GetFlag(FLAGS_kv_link),
-                                .kv_link_timeout_ms = absl::GetFlag(FLAGS_kv_link_timeout_ms),
-                                .inject_faults = absl::GetFlag(FLAGS_inject_transfer_faults)};
-  RETURN_IF_ERROR(CheckPrefillTransferFlags(transfer));
-  ASSIGN_OR_RETURN(PrefillOptions options, EngineOptions(process));
-  transfer.backend = options.backend;
+  ASSIGN_OR_RETURN(PrefillFlags f, PrefillFlagsFromCommandLine(process));
+  const PrefillOptions& options = f.engine;
 
   ASSIGN_OR_RETURN(ModelIdentityInfo identity, ComputeModelIdentity(options.model_path));
   v1::ModelIdentity model;
@@ -108,10 +50,10 @@ absl::Status Serve(WorkerProcess& process) {
 
   metrics::Registry registry;
   PrefillWorkerOptions wo;
-  wo.max_queue = max_queue;
+  wo.max_queue = f.max_queue;
   const std::optional<KvMemory> kv_memory = engine->backend().DeviceKvMemory();
   ASSIGN_OR_RETURN(wo.transfer,
-                   SetUpPrefillTransfer(transfer, kv_memory, engine->kv_dtype(), registry));
+                   SetUpPrefillTransfer(f.transfer, kv_memory, engine->kv_dtype(), registry));
   PrefillWorker worker(*engine, &registry, wo);
   PrefillService service(worker, model);
 
