@@ -121,6 +121,7 @@ TEST(ServerStreamWriterTest, IdleWriterGoesBackToOpenAndEndsAtOnce) {
   w->End(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "no room"));
   EXPECT_EQ(w->finished(), std::vector<grpc::StatusCode>({grpc::StatusCode::RESOURCE_EXHAUSTED}));
   EXPECT_EQ(w->state(), StreamState::kFinished);
+  w->OnDone();  // gRPC lets go of every call: the writer's hold on itself ends
 }
 
 TEST(ServerStreamWriterTest, ClientGoneWhileIdleFinishesCancelledAtOnce) {
@@ -133,6 +134,7 @@ TEST(ServerStreamWriterTest, ClientGoneWhileIdleFinishesCancelledAtOnce) {
   w->End(grpc::Status::OK);
   EXPECT_EQ(w->finished().size(), 1u);
   EXPECT_TRUE(w->tokens().empty());
+  w->OnDone();
 }
 
 // The race of a vanished client: OnCancel while a write is out cannot finish the call (one
@@ -153,6 +155,7 @@ TEST(ServerStreamWriterTest, ClientGoneWhileAWriteIsOutFinishesWhenTheWriteRetur
     EXPECT_EQ(w->tokens(), std::vector<int>({1})) << "the queue was dropped";
     EXPECT_EQ(w->finished(), std::vector<grpc::StatusCode>({grpc::StatusCode::CANCELLED}));
     EXPECT_EQ(c.before_finish, 1);
+    w->OnDone();
   }
 }
 
@@ -167,6 +170,7 @@ TEST(ServerStreamWriterTest, FailedWriteIsAVanishedClient) {
   w->OnCancel();  // gRPC's own notice after the failed write
   EXPECT_EQ(c.gone, 1);
   EXPECT_EQ(w->finished().size(), 1u);
+  w->OnDone();
 }
 
 TEST(ServerStreamWriterTest, KnownEndSurvivesTheClientLeaving) {
@@ -179,6 +183,7 @@ TEST(ServerStreamWriterTest, KnownEndSurvivesTheClientLeaving) {
   w->Complete(false);
   EXPECT_EQ(w->tokens(), std::vector<int>({1}));
   EXPECT_EQ(w->finished(), std::vector<grpc::StatusCode>({grpc::StatusCode::INVALID_ARGUMENT}));
+  w->OnDone();
 }
 
 TEST(ServerStreamWriterTest, ReplaceLastOnlyTouchesAQueuedMessage) {
@@ -192,6 +197,8 @@ TEST(ServerStreamWriterTest, ReplaceLastOnlyTouchesAQueuedMessage) {
   w->Complete(true);
   w->Complete(true);
   EXPECT_EQ(w->tokens(), std::vector<int>({1, 3}));
+  w->End(grpc::Status::OK);
+  w->OnDone();
 }
 
 TEST(ServerStreamWriterTest, DoneReleasesTheWriterAndRefusesLateWrites) {
