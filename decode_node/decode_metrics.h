@@ -11,9 +11,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/kv_transfer/kv_transfers.h"
 #include "common/metrics/metrics.h"
 #include "decode_node/decode_engine.h"
-#include "common/kv_transfer/kv_transfers.h"
 
 namespace tripod {
 

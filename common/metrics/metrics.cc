@@ -13,9 +13,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/metrics/process_stats.h"
+#include "common/util/log.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
-#include "common/util/log.h"
 
 namespace tripod::metrics {
 
