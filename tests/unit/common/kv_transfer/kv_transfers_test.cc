@@ -129,11 +129,12 @@ class KvTransfersTest : public ::testing::Test {
     MutexLock lock(&mu_);
     return cache_->num_free_blocks();
   }
-  // Waits (bounded) until `n` reservations were released.
+  // Waits (bounded) until `n` reservations were released and `n` ends reported: the reaper
+  // releases first and reports after, outside the lock, so a test reading Ends() must wait too.
   bool AwaitReleased(size_t n, absl::Duration limit = absl::Seconds(10)) {
     const absl::Time until = absl::Now() + limit;
     while (absl::Now() < until) {
-      if (Released().size() >= n) return true;
+      if (Released().size() >= n && Ends().size() >= n) return true;
       absl::SleepFor(absl::Milliseconds(2));
     }
     return false;
