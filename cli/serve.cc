@@ -47,6 +47,7 @@
 #include "cli/serve_models.h"
 #include "common/model/model_catalogue.h"
 #include "common/model/model_resolver.h"
+#include "common/util/core_share.h"
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "prefill_node/pop_config.h"
@@ -81,6 +82,9 @@ ABSL_FLAG(std::string, draft_model, "",
           "vocabulary (default: the catalogue's draft of --model, e.g. qwen2.5-coder-0.5b-instruct "
           "for qwen2.5-coder-1.5b-instruct, else a self-draft); self: a self-draft of --model (its "
           "first --draft_layers layers)");
+ABSL_FLAG(bool, lend_cores, true,
+          "serve: with the cores split (--threads 0), a worker with no work lends its CPUs to the "
+          "others (a lone prompt prefills on all of them); false: each keeps its own");
 ABSL_FLAG(bool, fetch, false,
           "serve: fetch a catalogue model (--model, --draft_model) that is not here yet with "
           "scripts/fetch_model first (scripts/serve sets it)");
@@ -126,8 +130,9 @@ struct Child {
   Clock::time_point started{}, restart_at{};
   Clock::duration backoff = kFirstBackoff;
   int restarts = 0;
-  bool listening = false;  // its port file has appeared since the last start
-  std::vector<int> cpus;   // the CPUs it may run on; empty: any
+  bool listening = false;      // its port file has appeared since the last start
+  std::vector<int> cpus;       // the CPUs it may run on; empty: any
+  std::vector<int> home_cpus;  // its own CPUs where it has some (for a draft worker beside it)
 };
 
 // {"grpc_port":N,"http_port":M} as the workers write it; nullopt until the file is whole (it is
@@ -563,16 +568,37 @@ absl::Status ServeMain() {
   // serve: cores split among the workers"). With 2+ threads each, every worker gets its own CPUs
   // (affinity), since each pins its team within the CPUs it is allowed
   // (common/util/thread_pool.cc). --threads N gives every worker N threads on any CPU instead.
+  // With --lend_cores (the default) the split is a core share instead (common/util/core_share.h):
+  // each worker's CPUs are its own whenever it computes, and lent to the others while it has no
+  // work, so a lone prompt prefills on every core and the last requests of a burst decode on them.
   const std::vector<int> allowed = AllowedCpus();
   const int cores = static_cast<int>(allowed.size());
   const bool split = absl::GetFlag(FLAGS_threads) == 0;
   const int threads =
       split ? std::max(1, cores / (n_prefill + n_decode)) : absl::GetFlag(FLAGS_threads);
+  const bool share = split && absl::GetFlag(FLAGS_lend_cores) && n_prefill + n_decode > 1 &&
+                     cores >= n_prefill + n_decode;
+  std::vector<std::vector<int>> share_slots;  // the share's slot i: a worker's own CPUs
+  std::string share_path;                     // in serve's temporary directory, once it exists
   size_t next_cpu = 0;
   auto assign_cpus = [&](Child& c) {
-    if (!split || threads < 2) return;  // one thread: no team to pin; the kernel balances
-    c.cpus.assign(allowed.begin() + next_cpu, allowed.begin() + next_cpu + threads);
+    if (!split) return;
+    std::vector<int> own(allowed.begin() + next_cpu, allowed.begin() + next_cpu + threads);
     next_cpu += threads;
+    if (share) {
+      // Its engine thread keeps to its own CPUs and its team borrows; the process may run anywhere.
+      c.args.push_back("--core_share=" + share_path);
+      c.args.push_back(absl::StrCat("--core_share_slot=", share_slots.size()));
+      for (std::string& a : c.args) {
+        if (a.starts_with("--threads=")) a = absl::StrCat("--threads=", cores);
+      }
+      share_slots.push_back(own);
+      if (threads >= 2) c.home_cpus = own;
+      return;
+    }
+    if (threads < 2) return;  // one thread: no team to pin; the kernel balances
+    c.cpus = own;
+    c.home_cpus = own;
   };
 
   // Signals are taken synchronously (sigtimedwait) in one loop with the children's exits.
@@ -582,6 +608,7 @@ absl::Status ServeMain() {
   if (mkdtemp(tmpl) == nullptr) {
     return absl::InternalError(absl::StrCat("mkdtemp: ", std::strerror(errno)));
   }
+  share_path = std::string(tmpl) + "/cores";
   Supervisor sup(tmpl, ChildEnvironment(), static_cast<size_t>(n_prefill + n_decode + n_draft + 1));
   const std::vector<std::string> common = {"--model=" + model, absl::StrCat("--threads=", threads),
                                            "--precision=" + absl::GetFlag(FLAGS_precision),
@@ -628,7 +655,7 @@ absl::Status ServeMain() {
     }
     tls(c, "draft");
     const std::vector<Child*>& beside = prefillers.empty() ? decoders : prefillers;
-    c.cpus = beside[i % beside.size()]->cpus;
+    c.cpus = beside[i % beside.size()]->home_cpus;
     drafters.push_back(&sup.Add(std::move(c)));
   }
   workers = decoders;
@@ -637,11 +664,13 @@ absl::Status ServeMain() {
   Logger("serve").info(
       "tripod serve: model {}; {} decode, {} prefill (POP {}) and {} draft worker(s), {} compute "
       "thread(s) each, {} {} cores",
-      model, n_decode, n_prefill, pop, n_draft, threads, split ? "splitting" : "sharing", cores);
+      model, n_decode, n_prefill, pop, n_draft, threads,
+      split ? (share ? "splitting (idle ones lent) the" : "splitting the") : "sharing the", cores);
   if (n_draft > 0) {
     Logger("serve").info("tripod serve: draft model {}",
                          models.draft.empty() ? "a self-draft of the model" : models.draft);
   }
+  if (share) RETURN_IF_ERROR(CreateCoreShare(share_path, share_slots));
   for (Child* w : workers) RETURN_IF_ERROR(sup.Start(*w));
   if (absl::Status s = AwaitListening(sup, workers); !s.ok()) {
     return absl::IsCancelled(s) ? absl::OkStatus() : s;

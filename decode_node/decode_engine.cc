@@ -9,6 +9,7 @@
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
 #include "common/kv/kv_dtype.h"
+#include "common/util/core_share.h"
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
@@ -556,16 +557,29 @@ absl::Status DecodeEngine::RunUntilIdle() {
 void DecodeEngine::Loop() {
   // This thread has its own OpenMP team: pin its workers as start-up pinned the main thread's
   // (unpinned workers on a loaded machine pass each barrier only at a scheduler tick).
-  SetComputeThreads(ComputeThreads());
+  PinComputeThreads();
   int64_t steps = 0;
+  // Busy (core_share.h) from its first work until it has none: idle, it lends its CPUs.
+  bool busy = false;
+  auto set_busy = [&busy](bool b) {
+    if (b != busy) SetComputeBusy(b);
+    busy = b;
+  };
   while (true) {
     {
       MutexLock lock(&mu_);
+      if (!stop_ && incoming_.empty() && cancels_.empty() && tasks_.empty() && active_ == 0) {
+        set_busy(false);
+      }
       while (!stop_ && incoming_.empty() && cancels_.empty() && tasks_.empty() && active_ == 0) {
         cv_.Wait(&mu_);
       }
-      if (stop_) return;
+      if (stop_) {
+        set_busy(false);
+        return;
+      }
     }
+    set_busy(true);
     absl::Status s = Step();
     if (!s.ok()) Logger("decode.engine").error("step failed: {}", s.ToString());
     MutexLock lock(&mu_);

@@ -1,6 +1,6 @@
 // The flags of the three processes that run a model (tripod-prefill, -decode, -draft): --backend,
-// --precision and --threads. In an object of their own, which the scheduler does not link, so
-// that it takes none of them.
+// --precision, --threads and the core share (--core_share, --core_share_slot). In an object of
+// their own, which the scheduler does not link, so that it takes none of them.
 #pragma once
 
 #include <string>
@@ -14,8 +14,8 @@ struct EngineFlags {
   std::string precision;  // fp32 | bf16 | int8 | int16 | auto
 };
 
-// Checks --threads and sets the compute threads from it (0: all cores; thread_pool.h), and returns
-// the rest.
+// Checks --threads and sets the compute threads from it (0: all cores, or all of a core share's;
+// thread_pool.h), joins the core share if one is named (core_share.h), and returns the rest.
 absl::StatusOr<EngineFlags> SetUpEngineFlags();
 
 }  // namespace tripod

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "common/rpc/drain.h"
 #include "common/util/cancel_token.h"
+#include "common/util/core_share.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_pool.h"
 
@@ -107,7 +108,7 @@ class JobQueue : public Drainable {
   struct Options {
     std::string name = "worker";  // "prefill": in the messages of refusals and cancels
     int max_queue = 64;  // jobs waiting (not counting the running one); more: RESOURCE_EXHAUSTED
-    // The engine thread calls SetComputeThreads(ComputeThreads()) first: its own OpenMP team,
+    // The engine thread calls PinComputeThreads() first: its own OpenMP team,
     // pinned (thread_pool.h).
     bool pin_compute_threads = true;
     // Jobs whose `finish` runs at once, at most; the engine waits for one to end beyond that.
@@ -311,7 +312,7 @@ class JobQueue : public Drainable {
   }
 
   void Loop() {
-    if (options_.pin_compute_threads) SetComputeThreads(ComputeThreads());
+    if (options_.pin_compute_threads) PinComputeThreads();
     const size_t max_finishing = static_cast<size_t>(std::max(1, options_.max_finishing));
     while (true) {
       JoinEndedFinishers();
@@ -324,7 +325,11 @@ class JobQueue : public Drainable {
         queue_.pop_front();
         running_ = t;
       }
-      RunResult r = runner_(t->job(), t->cancel_);
+      RunResult r;
+      {
+        ComputeBusy busy;  // lends its CPUs when idle (core_share.h)
+        r = runner_(t->job(), t->cancel_);
+      }
       {
         MutexLock lock(&mu_);
         running_ = nullptr;

@@ -9,29 +9,34 @@
 #include <atomic>
 #include <vector>
 
+#include "common/util/core_share.h"
+
 namespace tripod {
 namespace {
 // Read by every computing thread, written at start-up (and again by engine threads, with the same
 // value, as they pin their teams).
 std::atomic<int> g_threads{0};
 
-// Pins worker threads 1..n-1 of the OpenMP pool to distinct CPUs of this process's allowed set.
-// Why: after the pool idles (its workers sleep), the scheduler may wake a worker on the calling
-// thread's CPU; two spinning threads on one CPU then pass each barrier only at a scheduler tick,
-// milliseconds per parallel region instead of microseconds (docs/cpu-kernels.md, "Compute
-// threads pinned"). The calling thread stays
-// unpinned, so threads it starts later are unaffected, and the scheduler moves it off a busy
-// worker's CPU. Skipped when there are fewer allowed CPUs than threads.
+// Pins worker threads 1..n-1 of the OpenMP pool to distinct CPUs of this process's allowed set
+// (in a core share: of its CPU order, so that threads past its own CPUs land on the neighbours'
+// it borrows). Why: after the pool idles (its workers sleep), the scheduler may wake a worker on
+// the calling thread's CPU; two spinning threads on one CPU then pass each barrier only at a
+// scheduler tick, milliseconds per parallel region instead of microseconds (docs/cpu-kernels.md,
+// "Compute threads pinned"). Outside a share the calling thread stays unpinned, so threads it
+// starts later are unaffected, and the scheduler moves it off a busy worker's CPU. Skipped when
+// there are fewer CPUs than threads.
 void PinWorkers(int n) {
 #ifdef __linux__
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (n < 2 || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
-  std::vector<int> cpus;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  std::vector<int> cpus = CoreShareCpuOrder();
+  if (cpus.empty()) {
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (n < 2 || sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    }
   }
-  if (static_cast<int>(cpus.size()) < n) return;
+  if (n < 2 || static_cast<int>(cpus.size()) < n) return;
 #pragma omp parallel num_threads(n)
   {
     const int t = omp_get_thread_num();
@@ -47,6 +52,24 @@ void PinWorkers(int n) {
 #endif
 }
 
+// In a core share, an engine thread (the caller of a team) stays on its own CPUs: a borrowed
+// thread then never shares a CPU with its own team's caller.
+void PinCallerHome() {
+#ifdef __linux__
+  const std::vector<int> home = CoreShareHomeCpus();
+  if (home.empty()) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : home) CPU_SET(c, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+#endif
+}
+
+int MaxThreads() {
+  const int n = g_threads.load(std::memory_order_relaxed);
+  return n > 0 ? n : omp_get_max_threads();
+}
+
 }  // namespace
 
 void SetComputeThreads(int n) {
@@ -56,9 +79,17 @@ void SetComputeThreads(int n) {
   if (!omp_in_parallel()) PinWorkers(threads);
 }
 
+void PinComputeThreads() {
+  PinCallerHome();
+  SetComputeThreads(MaxThreads());
+}
+
+int MaxComputeThreads() { return MaxThreads(); }
+
 int ComputeThreads() {
-  const int n = g_threads.load(std::memory_order_relaxed);
-  return n > 0 ? n : omp_get_max_threads();
+  const int max = MaxThreads();
+  const int lent = CoreShareThreads();
+  return lent > 0 ? std::clamp(lent, 1, max) : max;
 }
 
 namespace internal {
@@ -110,7 +141,7 @@ void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int
 }
 
 void ParallelRun(const std::function<void(int, int)>& fn) {
-  const int threads = ComputeThreads();
+  const int threads = MaxThreads();
   if (threads == 1 || omp_in_parallel()) {
     fn(0, 1);
     return;

@@ -106,3 +106,67 @@ def test_serve_starts_serves_restarts_and_stops():
     for k in kids:
       if alive(k):
         os.kill(k, signal.SIGKILL)
+
+
+def thread_cpu_ticks(pid):
+  """{tid: utime + stime in clock ticks} of every thread of pid."""
+  out = {}
+  for tid in os.listdir(f"/proc/{pid}/task"):
+    try:
+      with open(f"/proc/{pid}/task/{tid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+      continue
+    out[int(tid)] = int(fields[11]) + int(fields[12])  # fields 14 and 15 of stat
+  return out
+
+
+def computing_threads(lend):
+  """Serves one long prompt with the decode worker idle; returns how many of the prefill worker's
+  threads did a real share of its work (at least a third of the busiest one's CPU time)."""
+  proc = subprocess.Popen([binary("tripod"), "serve", "--port=0", f"--model={MODEL}",
+                           "--draft_workers=0", f"--lend_cores={'true' if lend else 'false'}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True)
+  stderr_lines = []
+  threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
+  try:
+    line = {}
+    t = threading.Thread(target=lambda: line.update(url=proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout=120)
+    m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", line.get("url", ""))
+    assert m, (line, "".join(stderr_lines[-20:]))
+    client = openai.OpenAI(base_url=m.group(1), api_key="unused", max_retries=0, timeout=300)
+    prefill = next(k for k in children(proc.pid) if comm(k) == "tripod-prefill")
+    before = thread_cpu_ticks(prefill)
+    prompt = " ".join(f"Line {i}: the {w} is on the table." for i, w in
+                      enumerate(["cup", "book", "lamp", "pen"] * 40))  # about 1,600 tokens
+    r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0)
+    assert r.usage.prompt_tokens > 1000, r.usage
+    after = thread_cpu_ticks(prefill)
+    used = sorted((after[t] - before.get(t, 0) for t in after), reverse=True)
+    assert used[0] >= 10, used  # the prefill took at least 0.1 s of CPU (USER_HZ is 100)
+    return sum(1 for u in used if u * 3 >= used[0]), "".join(stderr_lines)
+  finally:
+    proc.send_signal(signal.SIGTERM)
+    try:
+      proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait(timeout=30)
+
+
+def test_serve_lends_an_idle_workers_cores():
+  # With the decode worker idle, a prompt prefills on every core it lends; with --lend_cores=false
+  # on the prefill worker's own share only (one core each on two, so one computing thread).
+  cores = len(os.sched_getaffinity(0))
+  lent, log = computing_threads(lend=True)
+  fixed, _ = computing_threads(lend=False)
+  if cores >= 2:
+    assert "idle ones lent" in log, log[-2000:]
+    assert lent >= 2, (lent, fixed)
+    assert fixed <= cores // 2, (lent, fixed)
+    assert lent > fixed, (lent, fixed)
+  else:
+    assert lent == fixed == 1, (lent, fixed)

@@ -217,7 +217,9 @@ float* OutRow(const AttentionArgs& a, const Task& t, int row) {
 void AttentionCpu(std::span<const AttentionArgs> seqs) {
   std::vector<Task> tasks;
   int64_t part_floats = 0;
-  const int threads = ComputeThreads();
+  // The most threads, not those of this moment (a core share lends more or fewer): how a decode
+  // row's KV is split changes its sums' rounding, and a row's result must not depend on timing.
+  const int threads = MaxComputeThreads();
   int decode_seqs = 0;
   for (const AttentionArgs& a : seqs) {
     if (Valid(a) && a.n_q * (a.n_heads / a.n_kv_heads) <= kDecodeRows) ++decode_seqs;

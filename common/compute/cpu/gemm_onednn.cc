@@ -1,8 +1,12 @@
 // DnnlLinear: oneDNN matmul with prepacked weights. One primitive per (m, ldx, ldy), kept in a
 // small LRU: fixed shapes let oneDNN pick its best kernel (brgemm / AMX), and creating a
 // primitive is negligible beside a prefill GEMM (docs/cpu-kernels.md, "oneDNN primitives kept in
-// a cache").
+// a cache"). A primitive fixes its thread count when it is made (the calling thread's OpenMP
+// setting), so the cache is keyed by the threads of the moment too: in a core share
+// (common/util/core_share.h) a GEMM runs on the CPUs lent to it when it starts.
 #include "common/compute/cpu/gemm_onednn.h"
+
+#include <omp.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +24,7 @@
 #include "common/kv/kv_dtype.h"
 #include "common/util/log.h"
 #include "common/util/mutex.h"
+#include "common/util/thread_pool.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace tripod {
@@ -33,8 +38,17 @@ constexpr size_t kMaxCached = 16;
 // The M used to ask oneDNN for its preferred weight layout once; all later shapes reuse it.
 constexpr int64_t kLayoutM = 512;
 
+// The threads a GEMM starting now may use, set as this thread's OpenMP setting, whence oneDNN
+// takes a new primitive's thread count.
+int GemmThreads() {
+  const int nthr = ComputeThreads();
+  if (omp_get_max_threads() != nthr) omp_set_num_threads(nthr);
+  return nthr;
+}
+
 struct Entry {
   int64_t m, ldx, ldy;
+  int nthr;
   dnnl::matmul prim;
   dnnl::memory::desc src_md, dst_md;
 };
@@ -53,22 +67,22 @@ struct DnnlLinear::Impl {
   dt src_dt() const { return precision == GemmPrecision::kBF16 ? dt::bf16 : dt::f32; }
 
   // Throws dnnl::error.
-  Entry MakeEntry(int64_t m, int64_t ldx, int64_t ldy) const {
+  Entry MakeEntry(int64_t m, int64_t ldx, int64_t ldy, int nthr) const {
     dnnl::memory::desc src_md({m, k}, src_dt(), dims{ldx, 1});
     dnnl::memory::desc dst_md({m, n}, dt::f32, dims{ldy, 1});
     dnnl::matmul::desc d(src_md, wei_md, dst_md);
     dnnl::matmul::primitive_desc pd(d, engine);
-    return Entry{m, ldx, ldy, dnnl::matmul(pd), src_md, dst_md};
+    return Entry{m, ldx, ldy, nthr, dnnl::matmul(pd), src_md, dst_md};
   }
 
-  const Entry& Get(int64_t m, int64_t ldx, int64_t ldy) const {
+  const Entry& Get(int64_t m, int64_t ldx, int64_t ldy, int nthr) const {
     for (auto it = cache.begin(); it != cache.end(); ++it) {
-      if (it->m == m && it->ldx == ldx && it->ldy == ldy) {
+      if (it->m == m && it->ldx == ldx && it->ldy == ldy && it->nthr == nthr) {
         cache.splice(cache.begin(), cache, it);
         return cache.front();
       }
     }
-    cache.push_front(MakeEntry(m, ldx, ldy));
+    cache.push_front(MakeEntry(m, ldx, ldy, nthr));
     if (cache.size() > kMaxCached) cache.pop_back();
     return cache.front();
   }
@@ -112,7 +126,7 @@ absl::StatusOr<std::unique_ptr<DnnlLinear>> DnnlLinear::Create(const float* w, i
     dnnl::reorder(plain, impl->weights).execute(stream, plain, impl->weights);
     stream.wait();
     // Build the kLayoutM primitive now so Create reports any failure instead of Run.
-    impl->Get(kLayoutM, k, n);
+    impl->Get(kLayoutM, k, n, GemmThreads());
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("DnnlLinear::Create(n=", n, ", k=", k,
                                             "): oneDNN error ", static_cast<int>(e.status), ": ",
@@ -143,7 +157,7 @@ void DnnlLinear::Run(const float* x, int64_t m, int64_t ldx, float* y, int64_t l
       src_ld = im.k;
     }
     MutexLock lock(&im.mu);
-    const Entry& e = im.Get(m, src_ld, ldy);
+    const Entry& e = im.Get(m, src_ld, ldy, GemmThreads());
     dnnl::stream stream(im.engine);
     dnnl::memory src_mem(e.src_md, im.engine, const_cast<void*>(src));
     dnnl::memory dst_mem(e.dst_md, im.engine, y);
@@ -163,6 +177,7 @@ struct DnnlPlainGemm::Impl {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   struct Shape {
     int64_t m, n, k, ldx, ldw, ldy;
+    int nthr;
     bool operator==(const Shape&) const = default;
   };
   struct Prim {
@@ -189,7 +204,7 @@ struct DnnlPlainGemm::Impl {
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src_md, wei_md, dst_md), engine);
     cache.push_front(
         std::make_shared<const Prim>(Prim{s, dnnl::matmul(pd), src_md, wei_md, dst_md}));
-    if (cache.size() > 4 * kMaxCached) cache.pop_back();
+    if (cache.size() > 8 * kMaxCached) cache.pop_back();  // shapes x tiles x thread counts
     return cache.front();
   }
 };
@@ -221,7 +236,7 @@ void DnnlPlainGemm::Run(const void* x, int64_t m, int64_t ldx, const void* w, in
                         int64_t ldw, float* y, int64_t ldy) const {
   if (m <= 0 || n <= 0) return;
   try {
-    const std::shared_ptr<const Impl::Prim> p = impl_->Get({m, n, k, ldx, ldw, ldy});
+    const std::shared_ptr<const Impl::Prim> p = impl_->Get({m, n, k, ldx, ldw, ldy, GemmThreads()});
     dnnl::stream stream(impl_->engine);
     dnnl::memory src(p->src_md, impl_->engine, const_cast<void*>(x));
     dnnl::memory wei(p->wei_md, impl_->engine, const_cast<void*>(w));

@@ -91,7 +91,7 @@ class DecodeEngineTest : public ::testing::Test {
  protected:
   // What a binary does at start-up (flags): pins the compute pool's workers, without which a
   // loaded machine stalls every parallel region (see thread_pool.cc).
-  static void SetUpTestSuite() { SetComputeThreads(ComputeThreads()); }
+  static void SetUpTestSuite() { PinComputeThreads(); }
 };
 
 const std::vector<int> kLengths = {5, 17, 33, 50, 71, 96, 128, 160};

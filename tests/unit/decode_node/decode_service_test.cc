@@ -204,7 +204,7 @@ Result Generate(Worker& w, const v1::GenerateRequest& r,
 
 class DecodeServiceTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { SetComputeThreads(ComputeThreads()); }
+  static void SetUpTestSuite() { PinComputeThreads(); }
 };
 
 TEST(SamplingFromWireTest, ZerosMeanOffAndBadValuesAreInvalidArgument) {

@@ -148,7 +148,7 @@ void ExpectAllFree(const DecodeEngine& e) {
 
 class KvReservationTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { SetComputeThreads(ComputeThreads()); }
+  static void SetUpTestSuite() { PinComputeThreads(); }
 };
 
 constexpr int kNew = 12;

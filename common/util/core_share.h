@@ -1,0 +1,66 @@
+// CoreShare: the CPUs of one machine lent between the workers that `tripod serve` starts on it.
+//
+// Why: serve splits the cores among the prefill and decode workers so that one never stalls the
+// other's parallel regions (a team whose member is preempted waits at every barrier). But a split
+// leaves half the machine idle whenever only one side has work: a lone long prompt prefills on
+// half the cores, and the last requests of a burst decode on half. With a share, each worker has
+// its own CPUs (its "home") and, at every parallel region, also uses the CPUs of the workers after
+// it in its order that are idle at that moment. A worker marks itself busy while it computes
+// (ComputeBusy), so a neighbour that starts work takes its CPUs back within one region of the
+// borrower's (milliseconds), not one job.
+//
+// The shared state is a small file that serve writes before it starts the workers (one slot per
+// worker: its CPUs and a busy flag), mapped MAP_SHARED by each; the flags are lock-free atomics.
+// Nothing here is needed off a shared machine: a worker that joins no share computes on its
+// --threads as before.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace tripod {
+
+inline constexpr int kCoreShareMaxSlots = 64;
+inline constexpr int kCoreShareMaxCpusPerSlot = 256;
+
+// Writes a share file for slots[i] = the CPUs of worker i (each non-empty, none in two slots),
+// every slot idle. The file is replaced if it exists.
+absl::Status CreateCoreShare(const std::string& path, const std::vector<std::vector<int>>& slots);
+
+// Joins the share at `path` as `slot`, for the rest of the process. From then on the compute
+// threads (thread_pool.h) are the slot's CPUs plus those lent by idle neighbours, and the CPU
+// order (CoreShareCpuOrder) places the team's threads. Call once, at start-up, before any compute.
+absl::Status JoinCoreShare(const std::string& path, int slot);
+
+// Whether this process joined a share.
+bool InCoreShare();
+
+// This process's CPUs in the order a team's threads take them: its slot's, then each following
+// slot's (wrapping round). Empty outside a share.
+std::vector<int> CoreShareCpuOrder();
+
+// The slot's own CPUs. Empty outside a share.
+std::vector<int> CoreShareHomeCpus();
+
+// How many threads a parallel region may use now: the slot's CPUs, plus those of the slots after
+// it while they are idle, up to the first busy one (so that borrowed threads, placed in
+// CoreShareCpuOrder, land only on idle CPUs). 0 outside a share. Lock-free; called per region.
+int CoreShareThreads();
+
+// Marks this process busy for its lifetime (nestable across threads: busy while any lives).
+class ComputeBusy {
+ public:
+  ComputeBusy();
+  ~ComputeBusy();
+  ComputeBusy(const ComputeBusy&) = delete;
+  ComputeBusy& operator=(const ComputeBusy&) = delete;
+};
+
+// The same without a scope, for a loop that goes idle and busy again (the decode loop): the
+// process is busy while the count of SetComputeBusy(true) exceeds that of (false). No-ops
+// outside a share.
+void SetComputeBusy(bool busy);
+
+}  // namespace tripod
