@@ -1,5 +1,6 @@
 // API keys: with any configured, every API call must carry one (HTTP `Authorization: Bearer
-// KEY`, gRPC `authorization` metadata with the same value); /health and /metrics stay open.
+// KEY`, gRPC `authorization` metadata with the same value); /metrics and
+// /health's bare status stay open (its workers' detail needs a key).
 // Keys are compared in constant time (no early exit on the first differing byte, every key
 // tried) and never logged.
 #pragma once

@@ -103,21 +103,37 @@ struct HttpApi::WorkThreads {
 };
 
 HttpApi::HttpApi(HttpApiConfig config)
-    : config_(config), work_(std::make_unique<WorkThreads>(config.work_threads)) {}
+    : config_(config),
+      admission_(config.admission),
+      work_(std::make_unique<WorkThreads>(config.work_threads)) {}
 
 HttpApi::~HttpApi() { work_->pool.join(); }
 
 void HttpApi::OffIo(std::shared_ptr<HttpExchange> ex,
                     void (HttpApi::*fn)(std::shared_ptr<HttpExchange>)) {
-  preparing_.fetch_add(1, std::memory_order_relaxed);
-  boost::asio::post(work_->pool, [this, ex = std::move(ex), fn]() mutable {
-    // A client that hung up while its request waited here: nothing to answer.
-    if (!ex->closed()) (this->*fn)(std::move(ex));
-    preparing_.fetch_sub(1, std::memory_order_relaxed);
-  });
+  AdmissionRefusal refusal{};
+  std::optional<AdmissionTicket> ticket = Admit(admission_, ex->request().body.size(), &refusal);
+  if (!ticket.has_value()) {
+    const bool requests = refusal == AdmissionRefusal::kRequests;
+    RespondError(*ex,
+                 ApiError{429,
+                          absl::StrCat("the server is busy: ",
+                                       requests ? "too many requests" : "too many request bytes",
+                                       " are waiting to be processed; retry later"),
+                          "rate_limit_error", "", "server_busy"},
+                 config_.retry_after_s);
+    return;
+  }
+  // The ticket lives as long as the task and so holds the body's share until the task has run
+  // (or the pool drops it), whatever the task does.
+  boost::asio::post(work_->pool,
+                    [this, ex = std::move(ex), fn, ticket = std::move(ticket)]() mutable {
+                      // A client that hung up while its request waited here: nothing to answer.
+                      if (!ex->closed()) (this->*fn)(std::move(ex));
+                    });
 }
 
-std::string HttpApi::HealthBody(bool* ready) const {
+std::string HttpApi::HealthBody(bool* ready, bool detail) const {
   nlohmann::ordered_json j;
   int decode_ok = 0, prefill_ok = 0, draft_ok = 0;
   nlohmann::ordered_json workers = nlohmann::ordered_json::array();
@@ -147,6 +163,7 @@ std::string HttpApi::HealthBody(bool* ready) const {
   const bool draining = config_.dispatcher->draining();
   *ready = decode_ok > 0 && !draining;
   j["status"] = draining ? "draining" : (*ready ? "ok" : "no_decode_worker");
+  if (!detail) return DumpJson(j);
   j["model"] = config_.model->name;
   j["running"] = config_.dispatcher->running();
   j["waiting"] = config_.dispatcher->waiting();
@@ -192,8 +209,11 @@ void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
     return;
   }
   if (path == "/health") {
+    // Probes get the status without a key; worker addresses and errors need one (when keys
+    // are configured at all).
+    const bool detail = !config_.keys->Check(req.Header("authorization")).has_value();
     bool ready = false;
-    HttpResponse r = JsonResponse(HealthBody(&ready));
+    HttpResponse r = JsonResponse(HealthBody(&ready, detail));
     r.status = ready ? 200 : 503;
     ex->Respond(std::move(r));
     return;

@@ -70,11 +70,26 @@ absl::Status Serve(WorkerProcess& process) {
       });
   workers.Start();
 
-  HttpApi api(HttpApiConfig{model->get(), &dispatcher, &registry, &keys, flags.api_threads});
+  HttpApi api(HttpApiConfig{model->get(), &dispatcher, &registry, &keys, flags.api_threads,
+                            flags.admission, flags.dispatcher.retry_after_s});
   registry.AddCallbackGauge("tripod:http_requests_preparing",
                             "API requests being parsed, tokenized and submitted, or waiting for a "
                             "thread to do so",
                             {{"role", "scheduler"}}, [&api] { return api.preparing(); });
+  registry.AddCallbackGauge(
+      "tripod:http_requests_preparing_bytes", "The body bytes of those requests",
+      {{"role", "scheduler"}}, [&api] {
+        return static_cast<double>(api.admission().bytes.load(std::memory_order_relaxed));
+      });
+  for (const auto& [limit, refused] : {std::pair{"requests", &api.admission().refused_requests},
+                                       std::pair{"bytes", &api.admission().refused_bytes}}) {
+    registry.AddCallbackCounter(
+        "tripod:http_requests_shed_total",
+        "API requests answered 429 before parsing: the requests waiting for the API threads, or "
+        "their bytes, were at --max_preparing or --max_preparing_bytes",
+        {{"role", "scheduler"}, {"limit", limit}},
+        [refused] { return static_cast<double>(refused->load(std::memory_order_relaxed)); });
+  }
   const HostPort http_at = process.http_listen();
   ASSIGN_OR_RETURN(
       std::unique_ptr<http::HttpServer> http,

@@ -52,6 +52,11 @@ ABSL_FLAG(int, unhealthy_after, 2, "failed checks in a row that take a worker ou
 ABSL_FLAG(int, io_threads, 1, "HTTP I/O threads");
 ABSL_FLAG(int, api_threads, 2,
           "threads that parse, tokenize and submit API requests, off the HTTP I/O threads");
+ABSL_FLAG(int, max_preparing, 0,
+          "API requests handed to the API threads and not yet submitted or answered, at most "
+          "(0: 4 x --api_threads + --max_queue); beyond: 429 before the body is parsed");
+ABSL_FLAG(int64_t, max_preparing_bytes, 64 << 20,
+          "the bodies of those requests, bytes at most; beyond: 429 before the body is parsed");
 ABSL_FLAG(int, max_connections_per_client, 0,
           "open HTTP connections from one client address, at most (0: no limit; behind a proxy "
           "every client shares its address); beyond: 429");
@@ -102,6 +107,12 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   }
   if (absl::GetFlag(FLAGS_api_threads) < 1) {
     return absl::InvalidArgumentError("--api_threads must be >= 1");
+  }
+  if (absl::GetFlag(FLAGS_max_preparing) < 0) {
+    return absl::InvalidArgumentError("--max_preparing must not be negative");
+  }
+  if (absl::GetFlag(FLAGS_max_preparing_bytes) <= 0) {
+    return absl::InvalidArgumentError("--max_preparing_bytes must be > 0");
   }
   if (absl::GetFlag(FLAGS_draft_timeout_ms) <= 0) {
     return absl::InvalidArgumentError("--draft_timeout_ms must be > 0");
@@ -154,6 +165,9 @@ absl::StatusOr<SchedulerFlags> SchedulerFlagsFromCommandLine() {
   }
   if (!tls_cert.empty()) f.http.tls = http::HttpTlsFiles{tls_cert, tls_key};
   f.api_threads = absl::GetFlag(FLAGS_api_threads);
+  const int max_preparing = absl::GetFlag(FLAGS_max_preparing);
+  f.admission.max_requests = max_preparing > 0 ? max_preparing : 4 * f.api_threads + dopt.max_queue;
+  f.admission.max_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_max_preparing_bytes));
   f.api_key = absl::GetFlag(FLAGS_api_key);
   f.api_key_file = absl::GetFlag(FLAGS_api_key_file);
   f.served_model_name = absl::GetFlag(FLAGS_served_model_name);

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/http/http_server.h"
+#include "scheduler/admission_gate.h"
 #include "scheduler/dispatcher.h"
 #include "scheduler/worker_registry.h"
 
@@ -17,6 +18,7 @@ struct SchedulerFlags {
   DispatcherOptions dispatcher;
   http::HttpServerOptions http;
   int api_threads = 2;
+  AdmissionLimits admission;  // on the requests waiting for or on the API threads
   std::string api_key, api_key_file;
   std::string served_model_name;  // --served_model_name as given
   std::string chat_template;

@@ -49,8 +49,8 @@ grpc::ChannelArguments WorkerChannelArguments() {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(8 << 20);
   args.SetMaxSendMessageSize(8 << 20);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kWorkerKeepaliveTimeMs);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kWorkerKeepaliveTimeoutMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   return args;
 }

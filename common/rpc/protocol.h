@@ -30,6 +30,18 @@ grpc::Status CheckProtocol(const grpc::ServerContextBase& context);
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
+// The keepalive of every channel to a worker (the scheduler's and the workers' own), and what a
+// worker's server accepts of pings (ConfigureWorkerServer): a ping sooner than the minimum after
+// the last one, with no data sent in between, is a strike, and past kWorkerMaxPingStrikes the
+// server answers GOAWAY (ENHANCE_YOUR_CALM) and closes the connection, so that a peer cannot
+// flood a worker with pings. Our own channels ping at twice the minimum and never strike.
+inline constexpr int kWorkerKeepaliveTimeMs = 10000;
+inline constexpr int kWorkerKeepaliveTimeoutMs = 5000;
+inline constexpr int kWorkerMinRecvPingIntervalMs = 5000;
+inline constexpr int kWorkerMaxPingStrikes = 2;  // gRPC's default
+static_assert(kWorkerKeepaliveTimeMs >= 2 * kWorkerMinRecvPingIntervalMs,
+              "the workers' clients' keepalive would trip their servers' ping strikes");
+
 // Channel arguments for worker-to-worker channels: messages up to 8 MiB (a KV chunk is 1 MiB
 // plus its header), keepalive so that a dead peer is noticed.
 grpc::ChannelArguments WorkerChannelArguments();

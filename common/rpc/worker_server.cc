@@ -8,6 +8,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/protocol.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tripod {
@@ -30,9 +31,10 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::strin
 void ConfigureWorkerServer(grpc::ServerBuilder& builder) {
   builder.SetMaxReceiveMessageSize(8 << 20);
   builder.SetMaxSendMessageSize(8 << 20);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+                             kWorkerMinRecvPingIntervalMs);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, kWorkerMaxPingStrikes);
 }
 
 absl::Status WritePortFile(const std::string& path, int grpc_port, int http_port) {

@@ -21,8 +21,9 @@ struct HostPort {
 // "host:port" or "[v6]:port"; port 0..65535 (0: any free port). `flag` names the flag in errors.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& flag, const std::string& text);
 
-// Message limits for 1 MiB KV chunks plus headers, and keepalive pings from peers every 10 s
-// (WorkerChannelArguments) accepted, with or without calls in flight.
+// Message limits for 1 MiB KV chunks plus headers, and keepalive pings from peers every
+// kWorkerKeepaliveTimeMs (WorkerChannelArguments) accepted, with or without calls in flight;
+// pings more often than kWorkerMinRecvPingIntervalMs are strikes (protocol.h).
 void ConfigureWorkerServer(grpc::ServerBuilder& builder);
 
 // Writes {"grpc_port":N,"http_port":M} to `path` atomically (a temporary file renamed): a reader

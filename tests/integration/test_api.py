@@ -230,7 +230,15 @@ def test_api_key_429_and_503(cluster):
                                          headers={"Authorization": "Bearer wrong"}))
     assert status == 401
     assert keyed.http("GET", "/v1/models", headers={"Authorization": "Bearer sesame"})[0] == 200
-    assert keyed.http_get("/health")[0] == 200  # open without a key
+    # /health: the bare status open without a key (probes), the workers' detail only with it.
+    status, body = keyed.http_get("/health")
+    assert status == 200 and json.loads(body) == {"status": "ok"}, body
+    status, body, _ = keyed.http("GET", "/health", headers={"Authorization": "Bearer wrong"})
+    assert status == 200 and json.loads(body) == {"status": "ok"}, body
+    status, body, _ = keyed.http("GET", "/health", headers={"Authorization": "Bearer sesame"})
+    h = json.loads(body)
+    assert status == 200 and h["healthy_decode_workers"] == 1, body
+    assert [w["address"] for w in h["workers"]] == [cluster.d.address], body
     # gRPC: the key in the authorization metadata.
     req = cpb.CompletionRequest(prompt="Hi", max_tokens=2)
     with pytest.raises(grpc.RpcError) as e:
