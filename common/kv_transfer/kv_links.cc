@@ -43,8 +43,8 @@ struct KvLinks::Link {
   // Device memory for one payload, grown as needed.
   uint8_t* buffer ABSL_GUARDED_BY(mu) = nullptr;
   size_t capacity ABSL_GUARDED_BY(mu) = 0;
-  // TCP and IPC links: the key payloads are signed with, and a host copy of one payload for its
-  // MAC. Empty for NCCL (KvLinkHash).
+  // TCP and IPC links: the key payloads are signed with (set before the link is shared, then
+  // constant), and a host copy of one payload for its MAC. Empty for NCCL (KvLinkHash).
   std::string key;
   std::vector<uint8_t> host ABSL_GUARDED_BY(mu);
 };
@@ -232,7 +232,7 @@ absl::Status KvLinks::Receive(const v1::KvChunk& h, const std::function<absl::St
   if (!l->failed.ok()) return l->failed;
   const size_t bytes = h.link_bytes();
   if (bytes > options_.max_payload_bytes) {
-    // Its bytes cannot be taken off without holding them: the link is out of step for good.
+    // No sender of ours names that much: the link is closed rather than read that far.
     l->failed = absl::InvalidArgumentError(absl::StrCat(
         "chunk ", h.seq(), ": a link payload of ", bytes, " bytes, more than any chunk carries (",
         options_.max_payload_bytes, "): KV link ", h.link_id(), " closed"));
