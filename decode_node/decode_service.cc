@@ -1,6 +1,7 @@
 // DecodeService; see decode_service.h.
 #include "decode_node/decode_service.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -54,7 +55,10 @@ DecodeService::DecodeService(DecodeEngine& engine, DecodeMetrics& metrics, v1::M
       model_(std::move(model)),
       options_(options),
       layout_(engine.cache().layout()) {
-  links_ = std::make_unique<KvLinks>(options.links, engine.cache().memory(), layout_.dtype);
+  // A link payload is at most what the sender's split makes of this layout (KvSender).
+  KvLinksOptions links = options.links;
+  links.max_payload_bytes = std::max(kMaxKvChunkPayload, KvChunkPayloadBytes(layout_, 1, 1));
+  links_ = std::make_unique<KvLinks>(links, engine.cache().memory(), layout_.dtype);
   transfers_ = std::make_unique<KvTransfers>(
       options.transfers, layout_, [&engine](int32_t kv_seq) { engine.ReleaseKv(kv_seq); },
       [&metrics](const TransferEnd& end) {

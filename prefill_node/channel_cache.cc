@@ -5,10 +5,12 @@
 
 namespace tripod {
 
-std::shared_ptr<grpc::Channel> ChannelCache::Get(const std::string& address) {
+std::shared_ptr<grpc::Channel> ChannelCache::Get(const std::string& address,
+                                                 const std::string& tls_name) {
   MutexLock lock(&mu_);
-  std::shared_ptr<grpc::Channel>& ch = channels_[address];
-  if (ch == nullptr) ch = NewWorkerChannel(address);
+  // A space is in neither a host:port nor a DNS name.
+  std::shared_ptr<grpc::Channel>& ch = channels_[address + " " + tls_name];
+  if (ch == nullptr) ch = NewWorkerChannel(address, tls_name);
   return ch;
 }
 

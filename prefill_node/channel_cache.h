@@ -1,4 +1,5 @@
-// ChannelCache: one gRPC channel per decode worker address, made on first use and kept, so that
+// ChannelCache: one gRPC channel per decode worker address (and the name its certificate is
+// checked against), made on first use and kept, so that
 // transfers to the same worker share its connection (and its TCP window, already opened).
 #pragma once
 
@@ -14,8 +15,9 @@ namespace tripod {
 
 class ChannelCache {
  public:
-  // The channel to `address` (host:port): NewWorkerChannel's, made once. Thread-safe.
-  std::shared_ptr<grpc::Channel> Get(const std::string& address);
+  // The channel to `address` (host:port) checked under `tls_name`: NewWorkerChannel's, made
+  // once. Thread-safe.
+  std::shared_ptr<grpc::Channel> Get(const std::string& address, const std::string& tls_name = "");
 
  private:
   Mutex mu_;

@@ -24,7 +24,8 @@ RunnerResult RunPrefillJob(PrefillEngine& engine, const OpenKvSender& open_sende
   const bool untrimmed = KeepsEverything(job.trim, static_cast<int>(job.prompt.size()) - 1);
   // Shared with the finish below, which may outlive this call.
   const std::shared_ptr<KvSender> sender = open_sender(
-      KvSendTarget{job.decode_address, job.transfer_id, job.deadline, /*may_link=*/untrimmed});
+      KvSendTarget{job.decode_address, job.decode_tls_name, job.transfer_id, job.deadline,
+                   /*may_link=*/untrimmed});
   absl::StatusOr<PrefillResult> r;
   {
     // A cancel wakes a Push blocked on the network, and ends the call.

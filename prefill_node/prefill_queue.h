@@ -24,6 +24,7 @@ struct PrefillJob {
   ForwardPlan plan;
   TrimPolicy trim;  // kNone: all of the KV, streamed layer by layer
   std::string decode_address;
+  std::string decode_tls_name;  // its certificate's name to check (empty: the address)
   uint64_t transfer_id = 0;
   // The caller's deadline (bounds the KV stream); max(): none.
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();

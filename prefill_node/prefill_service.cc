@@ -86,6 +86,7 @@ absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
     ASSIGN_OR_RETURN(job.plan, engine.PlanFor(std::nullopt));
   }
   job.decode_address = request.decode_address();
+  job.decode_tls_name = request.decode_tls_name();
   job.transfer_id = request.transfer_id();
   return job;
 }

@@ -12,7 +12,10 @@ PrefillWorker::PrefillWorker(PrefillEngine& engine, metrics::Registry* registry,
     metrics_ = std::make_unique<PrefillMetrics>(*registry, engine.model().config);
   }
   OpenKvSender open_sender = PushKvSenders(
-      [this](const std::string& address) { return channels_.Get(address); }, options.transfer);
+      [this](const std::string& address, const std::string& tls_name) {
+        return channels_.Get(address, tls_name);
+      },
+      options.transfer);
   PrefillQueue::Options qo;
   qo.name = "prefill";
   qo.max_queue = options.max_queue;

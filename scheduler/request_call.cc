@@ -242,6 +242,7 @@ void Call::RunPrefill() {
   if (trimming_.method() != v1::TRIM_NONE) *prefill_request_.mutable_trimming() = trimming_;
   if (!plan_ratio_.empty()) prefill_request_.mutable_plan()->set_pop_ratio(plan_ratio_);
   prefill_request_.set_decode_address(decode_->address());
+  prefill_request_.set_decode_tls_name(decode_->tls_name());
   prefill_request_.set_transfer_id(transfer_id_);
   grpc::ClientContext* context =
       NextContext(Phase::kPrefilling, dispatcher_->options().prefill_timeout);

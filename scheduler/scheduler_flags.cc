@@ -29,6 +29,10 @@ ABSL_FLAG(std::string, draft, "",
           "draft workers' gRPC addresses, host:port,... (for tripod.method speckv, specpc, "
           "draftmap)");
 ABSL_FLAG(std::string, draft_dns, "", "the same as --prefill_dns for draft workers");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "mutual TLS: the name every worker's certificate is checked against (and the prefill "
+          "workers check the decode workers' against). Default: a worker found through a *_dns "
+          "name is checked against that name, one listed by address against its address");
 ABSL_FLAG(int64_t, draft_timeout_ms, 30000,
           "a draft worker's Score deadline; past it the request runs without its method");
 ABSL_FLAG(int, speckv_lookahead, 64,
@@ -144,6 +148,7 @@ absl::StatusOr<SchedulerFlags> SchedulerFlagsFromCommandLine() {
   ro.decode_dns = SplitList(absl::GetFlag(FLAGS_decode_dns));
   ro.draft = SplitList(absl::GetFlag(FLAGS_draft));
   ro.draft_dns = SplitList(absl::GetFlag(FLAGS_draft_dns));
+  ro.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   ro.interval = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_interval_ms));
   ro.timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_health_timeout_ms));
   ro.unhealthy_after = absl::GetFlag(FLAGS_unhealthy_after);

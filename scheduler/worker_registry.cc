@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc/protocol.h"
@@ -14,8 +15,11 @@
 
 namespace tripod::scheduler {
 
-Worker::Worker(std::string address, v1::Role role)
-    : address_(std::move(address)), role_(role), channel_(NewWorkerChannel(address_)) {
+Worker::Worker(std::string address, v1::Role role, std::string tls_name)
+    : address_(std::move(address)),
+      role_(role),
+      tls_name_(std::move(tls_name)),
+      channel_(NewWorkerChannel(address_, tls_name_)) {
   if (role_ == v1::ROLE_PREFILL) prefill_ = v1::Prefill::NewStub(channel_);
   if (role_ == v1::ROLE_DECODE) decode_ = v1::Decode::NewStub(channel_);
   if (role_ == v1::ROLE_DRAFT) draft_ = v1::Draft::NewStub(channel_);
@@ -90,14 +94,15 @@ std::vector<std::string> ResolveAll(const std::string& name_port, std::string* e
 
 WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options) : options_(std::move(options)) {
   MutexLock l(&mu_);
+  const std::string& name = options_.tls_server_name;
   for (const std::string& a : options_.prefill) {
-    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_PREFILL));
+    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_PREFILL, name));
   }
   for (const std::string& a : options_.decode) {
-    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_DECODE));
+    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_DECODE, name));
   }
   for (const std::string& a : options_.draft) {
-    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_DRAFT));
+    workers_.push_back(std::make_shared<Worker>(a, v1::ROLE_DRAFT, name));
   }
 }
 
@@ -159,6 +164,12 @@ void WorkerRegistry::Resolve() {
         spdlog::warn("scheduler: {}", error);
         continue;
       }
+      // The pods' certificates name the Service, not their addresses.
+      std::string tls_name = options_.tls_server_name;
+      if (tls_name.empty()) {
+        absl::StatusOr<HostPort> hp = ParseHostPort("dns", name);
+        if (hp.ok()) tls_name = hp->host;
+      }
       MutexLock l(&mu_);
       for (const std::string& a : addresses) {
         const bool known = std::any_of(workers_.begin(), workers_.end(), [&](const auto& w) {
@@ -167,7 +178,7 @@ void WorkerRegistry::Resolve() {
         if (!known) {
           spdlog::info("scheduler: {} worker {} found through {}", v1::Role_Name(src.role), a,
                        name);
-          workers_.push_back(std::make_shared<Worker>(a, src.role));
+          workers_.push_back(std::make_shared<Worker>(a, src.role, tls_name));
         }
       }
     }
@@ -247,6 +258,12 @@ void WorkerRegistry::CheckNow() {
     std::string error;
     if (!c.status.ok()) {
       error = absl::StrCat("Health: ", c.status.error_message());
+      // gRPC's words for a certificate that does not name what was dialled: say what to do.
+      if (absl::StrContains(error, "not in peer certificate")) {
+        absl::StrAppend(&error, " (checked against ",
+                        c.worker->tls_name().empty() ? "its address" : c.worker->tls_name(),
+                        ": give --tls_server_name, or a *_dns name its certificate holds)");
+      }
     } else if (c.response.role() != c.worker->role()) {
       error = absl::StrCat("is a ", v1::Role_Name(c.response.role()), " worker, listed as ",
                            v1::Role_Name(c.worker->role()));

@@ -27,9 +27,12 @@ namespace tripod::scheduler {
 // are updated by the checker and by the requests routed to it.
 class Worker {
  public:
-  Worker(std::string address, v1::Role role);
+  // tls_name: the name its certificate is checked against under mutual TLS (NewWorkerChannel);
+  // empty: its address.
+  Worker(std::string address, v1::Role role, std::string tls_name = "");
 
   const std::string& address() const { return address_; }
+  const std::string& tls_name() const { return tls_name_; }
   v1::Role role() const { return role_; }
   v1::Prefill::Stub& prefill() { return *prefill_; }  // role == ROLE_PREFILL
   v1::Decode::Stub& decode() { return *decode_; }     // role == ROLE_DECODE
@@ -53,6 +56,7 @@ class Worker {
  private:
   const std::string address_;
   const v1::Role role_;
+  const std::string tls_name_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Prefill::Stub> prefill_;
   std::unique_ptr<v1::Decode::Stub> decode_;
@@ -72,6 +76,10 @@ struct WorkerRegistryOptions {
   std::vector<std::string> prefill_dns;  // name:port, resolved every check
   std::vector<std::string> decode_dns;
   std::vector<std::string> draft_dns;
+  // Under mutual TLS, the name every worker's certificate is checked against (--tls_server_name).
+  // Empty: a worker found through a DNS name is checked against that name (a pod IP holds its
+  // Service's certificate), a listed one against its address.
+  std::string tls_server_name;
   std::chrono::milliseconds interval{2000};
   std::chrono::milliseconds timeout{1000};  // one Health call
   int unhealthy_after = 2;                  // consecutive failed checks

@@ -218,6 +218,15 @@ absl::Status KvChunkReceiver::Check(const v1::KvChunk& c, KvDtype* src_type) con
   return absl::OkStatus();
 }
 
+absl::Status KvChunkReceiver::CheckHeader(const v1::KvChunk& c) const {
+  if (c.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Where(c), ": an end message where a data chunk was expected"));
+  }
+  KvDtype src_type;
+  return Check(c, &src_type);
+}
+
 absl::Status KvChunkReceiver::Accept(const v1::KvChunk& c, KvStore& store, int32_t kv_seq,
                                      const uint8_t* device_rows) {
   if (c.end()) {

@@ -66,6 +66,9 @@ class KvChunkReceiver {
   // (scattered as they are by the memory's scatter_rows).
   absl::Status Accept(const v1::KvChunk& chunk, KvStore& store, int32_t kv_seq,
                       const uint8_t* device_rows = nullptr);
+  // Every check Accept makes before it writes, without writing or booking anything: for a link
+  // chunk's header before its payload is taken (link_bytes against the ranges).
+  absl::Status CheckHeader(const v1::KvChunk& chunk) const;
   // Checks the end message: its number, the totals against what was accepted, and that every
   // layer's slots all arrived.
   absl::Status Finish(const v1::KvChunk& end);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_link_auth.h"
 #include "common/kv_transfer/nccl_kv_link.h"
 #include "common/kv_transfer/tcp_kv_link.h"
 #include "common/rpc/protocol.h"
@@ -141,6 +142,10 @@ absl::StatusOr<std::shared_ptr<OpenKvLink>> KvLinkCache::Open(
   }
   const v1::KvLinkKind kind = resp.kind() != v1::KV_LINK_UNSPECIFIED ? resp.kind() : asked;
   auto link = std::make_shared<OpenKvLink>();
+  if (kind != v1::KV_LINK_NCCL) {
+    if (absl::Status st = CheckKvLinkKey(resp.link_key()); !st.ok()) return st;
+    link->key = resp.link_key();
+  }
   link->id = resp.link_id();
   link->peer = address;
   link->memory = memory_;
@@ -168,8 +173,8 @@ absl::StatusOr<std::shared_ptr<OpenKvLink>> KvLinkCache::Open(
       shared.bytes = resp.ipc_bytes();
       shared.release = memory_->close_shared;
     }
-    made = ConnectTcpKvLink(bare, resp.tcp_port(), link->id, *memory_, options_.open_timeout,
-                            std::move(shared));
+    made = ConnectTcpKvLink(bare, resp.tcp_port(), link->id, link->key, *memory_,
+                            options_.open_timeout, std::move(shared));
   }
   if (!made.ok()) return made.status();
   link->link = std::move(*made);

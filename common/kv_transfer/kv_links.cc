@@ -8,8 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_link_auth.h"
 #include "common/kv_transfer/nccl_kv_link.h"
 #include "common/kv_transfer/tcp_kv_link.h"
+#include "common/util/status_macros.h"
 
 namespace tripod {
 
@@ -41,6 +43,10 @@ struct KvLinks::Link {
   // Device memory for one payload, grown as needed.
   uint8_t* buffer ABSL_GUARDED_BY(mu) = nullptr;
   size_t capacity ABSL_GUARDED_BY(mu) = 0;
+  // TCP and IPC links: the key payloads are signed with (set before the link is shared, then
+  // constant), and a host copy of one payload for its MAC. Empty for NCCL (KvLinkHash).
+  std::string key;
+  std::vector<uint8_t> host ABSL_GUARDED_BY(mu);
 };
 
 KvLinks::KvLinks(const KvLinksOptions& options, const KvMemory* memory, KvDtype dtype)
@@ -112,6 +118,12 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
   resp.set_open_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(options_.open_timeout)));
   resp.set_kind(ipc ? v1::KV_LINK_IPC : nccl ? v1::KV_LINK_NCCL : v1::KV_LINK_TCP);
   auto link = std::make_shared<Link>();
+  if (!nccl) {
+    absl::StatusOr<std::string> key = KvLinkRandomBytes(kKvLinkKeyBytes);
+    if (!key.ok()) return key.status();
+    link->key = *key;
+    resp.set_link_key(link->key);
+  }
   std::string nccl_id;
   std::unique_ptr<TcpKvLinkListener> listener;
   KvLinkSharedBuffer shared;
@@ -172,7 +184,7 @@ absl::StatusOr<v1::OpenKvLinkResponse> KvLinks::Open(const v1::OpenKvLinkRequest
     std::thread setup([this, link, id, nccl_id, done, shared,
                        listener = std::shared_ptr<TcpKvLinkListener>(std::move(listener))] {
       absl::StatusOr<std::unique_ptr<KvLink>> made =
-          listener ? listener->Accept(id, *memory_, options_.open_timeout, shared)
+          listener ? listener->Accept(id, link->key, *memory_, options_.open_timeout, shared)
                    : OpenNcclLink(nccl_id, /*rank=*/1, options_.open_timeout);
       MutexLock lock(&link->mu);
       if (made.ok()) {
@@ -195,7 +207,7 @@ std::shared_ptr<KvLinks::Link> KvLinks::Find(uint64_t id) const {
   return it == links_.end() ? nullptr : it->second;
 }
 
-absl::Status KvLinks::Receive(const v1::KvChunk& h,
+absl::Status KvLinks::Receive(const v1::KvChunk& h, const std::function<absl::Status()>& check,
                               const std::function<absl::Status(const uint8_t* rows)>& use) {
   std::shared_ptr<Link> l = Find(h.link_id());
   if (l == nullptr) {
@@ -219,6 +231,15 @@ absl::Status KvLinks::Receive(const v1::KvChunk& h,
   }
   if (!l->failed.ok()) return l->failed;
   const size_t bytes = h.link_bytes();
+  if (bytes > options_.max_payload_bytes) {
+    // No sender of ours names that much: the link is closed rather than read that far.
+    l->failed = absl::InvalidArgumentError(absl::StrCat(
+        "chunk ", h.seq(), ": a link payload of ", bytes, " bytes, more than any chunk carries (",
+        options_.max_payload_bytes, "): KV link ", h.link_id(), " closed"));
+    l->cv.SignalAll();
+    return l->failed;
+  }
+  const absl::Status refused = check();
   if (bytes > l->capacity) {
     if (l->buffer != nullptr) memory_->free(l->buffer);
     l->buffer = memory_->alloc(bytes);
@@ -237,8 +258,16 @@ absl::Status KvLinks::Receive(const v1::KvChunk& h,
   }
   ++l->next_seq;
   l->cv.SignalAll();
-  if (memory_->hash(l->buffer, bytes) != h.link_hash()) {
-    // The bytes arrived whole, in order, and are wrong: this chunk fails, the link goes on.
+  // A refused header's payload is dropped; the link stays in step for the ones after it.
+  if (!refused.ok()) return refused;
+  // The bytes arrived whole, in order: a payload that fails its check fails its chunk, and the
+  // link goes on (the next payload is checked on its own).
+  if (!l->key.empty()) {
+    l->host.resize(bytes);
+    memory_->to_host(l->host.data(), l->buffer, bytes);
+    RETURN_IF_ERROR(
+        VerifyKvLinkPayloadMac(l->key, h, KvLinkPayloadDigest(l->host.data(), l->host.size())));
+  } else if (memory_->hash(l->buffer, bytes) != h.link_hash()) {
     return absl::DataLossError(
         absl::StrCat("chunk ", h.seq(), ": checksum mismatch (KvLinkHash of the link payload)"));
   }

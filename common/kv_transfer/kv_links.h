@@ -4,7 +4,10 @@
 // shared buffer for an IPC link: granted in NCCL's place when both ends are on one device), and
 // receives link payloads for the PushKv handlers: strictly in the link's order (link_seq), since
 // both ends of a link must make their calls in one order, whatever order the headers arrive in on
-// their separate streams. A payload is checked against its KvLinkHash before anyone uses it.
+// their separate streams. Before a payload's bytes are taken its header is checked (its size
+// within the largest chunk, its ranges against the transfer's reservation: no allocation sized by
+// the wire before that); after, a TCP or IPC link's payload against its HMAC-SHA256 under the
+// link's key (kv_link_auth.h), an NCCL link's against its KvLinkHash, before anyone uses it.
 #pragma once
 
 #include <atomic>
@@ -40,6 +43,9 @@ struct KvLinksOptions {
   absl::Duration open_timeout = absl::Seconds(10);  // the other end joins within this
   absl::Duration io_timeout = absl::Seconds(30);    // one payload, and one turn, within this
   int max_links = 64;                               // open or opening at once
+  // The largest payload a chunk may carry (the sender's split: kMaxKvChunkPayload, or one slot of
+  // one layer when that is more); a header naming more closes its link.
+  size_t max_payload_bytes = size_t{1} << 20;
 };
 
 // The decode worker's --kv_links list (nccl | ipc | tcp | none, comma-separated) as options:
@@ -59,10 +65,13 @@ class KvLinks {
   absl::StatusOr<v1::OpenKvLinkResponse> Open(const v1::OpenKvLinkRequest& request);
 
   // The payload of a link chunk (header.link_*), received into device memory when its turn on
-  // the link comes, checked against link_hash, then handed to `use` (which scatters it into the
-  // reservation; valid during the call only). A link that fails is closed: later chunks on it
-  // fail at once (UNAVAILABLE), and the prefill worker falls back to PushKv payloads.
-  absl::Status Receive(const v1::KvChunk& header,
+  // the link comes, then checked (link_mac, or link_hash on NCCL) and handed to `use` (which
+  // scatters it into the reservation; valid during the call only). `check` (the header against
+  // the reservation) runs first, when the turn comes: a refused header's payload is taken off the
+  // link and dropped, and its status returned. A link that fails (a payload larger than
+  // max_payload_bytes among them) is closed: later chunks on it fail at once (UNAVAILABLE), and
+  // the prefill worker falls back to PushKv payloads.
+  absl::Status Receive(const v1::KvChunk& header, const std::function<absl::Status()>& check,
                        const std::function<absl::Status(const uint8_t* rows)>& use);
 
   int open_links() const;

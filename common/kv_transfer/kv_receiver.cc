@@ -63,10 +63,12 @@ absl::StatusOr<PushProgress> KvReceiver::Receive(const v1::KvChunk& chunk) {
         links_ == nullptr
             ? absl::FailedPreconditionError(absl::StrCat("chunk ", chunk.seq(), ": no KV link ",
                                                          chunk.link_id(), " on this decode worker"))
-            : links_->Receive(chunk, [&](const uint8_t* rows) {
-                p = transfers_.Push(id_, chunk, rows);
-                return absl::OkStatus();
-              });
+            : links_->Receive(
+                  chunk, [&] { return transfers_.CheckLinkChunk(id_, chunk); },
+                  [&](const uint8_t* rows) {
+                    p = transfers_.Push(id_, chunk, rows);
+                    return absl::OkStatus();
+                  });
     if (!got.ok()) {
       transfers_.Cancel(id_, std::string(got.message()));
       p = got;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv/contiguous_kv_cache.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_link_auth.h"
 #include "common/util/status_macros.h"
 
 namespace tripod {
@@ -111,7 +112,9 @@ absl::Status KvSender::StoppedStatus() const {
                                           ": the decode worker ended the stream before the end"));
 }
 
-absl::Status KvSender::Push(v1::KvChunk chunk) {
+absl::Status KvSender::Push(v1::KvChunk chunk) { return Enqueue(std::move(chunk), {}); }
+
+absl::Status KvSender::Enqueue(v1::KvChunk chunk, const std::function<void(v1::KvChunk&)>& seal) {
   const size_t size = QueuedBytes(chunk);
   MutexLock lock(&mu_);
   if (end_queued_) return absl::FailedPreconditionError("KvSender: Push after Finish");
@@ -131,6 +134,7 @@ absl::Status KvSender::Push(v1::KvChunk chunk) {
   RETURN_IF_ERROR(StoppedStatus());
   chunk.set_transfer_id(transfer_id_);
   chunk.set_seq(next_seq_++);
+  if (seal) seal(chunk);
   if (!stats_.first_handed) stats_.first_handed = std::chrono::steady_clock::now();
   ++stats_.chunks;
   stats_.bytes += chunk.link_id() != 0 ? chunk.link_bytes() : chunk.payload().size();
@@ -196,8 +200,18 @@ absl::Status KvSender::PushRangeOnLink(KvStore& store, int32_t kv_seq, const KvR
     header.set_link_id(link.id);
     header.set_link_seq(link.next_seq);
     header.set_link_bytes(bytes);
-    header.set_link_hash(mem.hash(link.buffer, bytes));
-    RETURN_IF_ERROR(Push(std::move(header)));
+    if (link.key.empty()) {
+      header.set_link_hash(mem.hash(link.buffer, bytes));
+      RETURN_IF_ERROR(Push(std::move(header)));
+    } else {
+      // Signed over the payload's digest here, and its identity once Enqueue numbers it.
+      link.host.resize(bytes);
+      mem.to_host(link.host.data(), link.buffer, bytes);
+      const KvLinkDigest digest = KvLinkPayloadDigest(link.host.data(), bytes);
+      RETURN_IF_ERROR(Enqueue(std::move(header), [&](v1::KvChunk& c) {
+        c.set_link_mac(KvLinkPayloadMac(link.key, c, digest));
+      }));
+    }
     // Queued: the decode side takes this payload's turn when the header arrives.
     ++link.next_seq;
     if (absl::Status st = link.link->Send(link.buffer, bytes, options_.link_timeout); !st.ok()) {

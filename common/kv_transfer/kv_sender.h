@@ -113,6 +113,9 @@ class KvSender {
   void Loop();
   absl::Status PushRangeOnLink(KvStore& store, int32_t kv_seq, const KvRange& range,
                                OpenKvLink& link);
+  // Push, calling `seal` on the chunk once its transfer_id and seq are set (a link payload's MAC
+  // covers them).
+  absl::Status Enqueue(v1::KvChunk chunk, const std::function<void(v1::KvChunk&)>& seal);
   // The status a pusher sees once the stream is over or aborted (OK while it goes on).
   absl::Status StoppedStatus() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Abort's work, mu_ held.
@@ -143,6 +146,8 @@ class KvSender {
 // kv_sender_factory.h makes the real one; a test may pass any other (in_process_kv_stream.h).
 struct KvSendTarget {
   std::string address;  // the decode worker's
+  // The name its certificate is checked against (NewWorkerChannel's tls_name; empty: address).
+  std::string tls_name;
   uint64_t transfer_id = 0;
   // The whole transfer's deadline (the caller's, e.g. Prefill.Run's); max(): none.
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();

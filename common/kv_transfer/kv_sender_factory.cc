@@ -19,11 +19,12 @@ std::unique_ptr<KvSender> NewPushKvSender(std::shared_ptr<grpc::Channel> channel
   return std::make_unique<KvSender>(std::move(stream), transfer_id, std::move(options));
 }
 
-OpenKvSender PushKvSenders(
-    std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> channel,
-    const TransferOptions& options) {
+OpenKvSender PushKvSenders(std::function<std::shared_ptr<grpc::Channel>(
+                               const std::string& address, const std::string& tls_name)>
+                               channel,
+                           const TransferOptions& options) {
   return [channel = std::move(channel), options](const KvSendTarget& t) {
-    const std::shared_ptr<grpc::Channel> ch = channel(t.address);
+    const std::shared_ptr<grpc::Channel> ch = channel(t.address, t.tls_name);
     KvSenderOptions so;
     so.max_queued_bytes = options.max_queued_bytes;
     so.ack_timeout = options.ack_timeout;

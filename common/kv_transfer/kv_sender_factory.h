@@ -36,8 +36,9 @@ std::unique_ptr<KvSender> NewPushKvSender(
 // Senders on the PushKv streams of `channel(address)`'s channels, with a link from
 // options.links where one is open to the decode worker (never with fault injection: it tests
 // the PushKv path only).
-OpenKvSender PushKvSenders(
-    std::function<std::shared_ptr<grpc::Channel>(const std::string& address)> channel,
-    const TransferOptions& options);
+OpenKvSender PushKvSenders(std::function<std::shared_ptr<grpc::Channel>(
+                               const std::string& address, const std::string& tls_name)>
+                               channel,
+                           const TransferOptions& options);
 
 }  // namespace tripod

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/util/fmix64.h"
+#include "common/util/status_macros.h"
 
 namespace tripod {
 
@@ -195,6 +196,16 @@ absl::Status KvTransfers::OpenStream(uint64_t id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::shared_ptr<KvTransfers::Transfer>> KvTransfers::Streaming(uint64_t id) const {
+  std::shared_ptr<Transfer> t = Live(id);
+  if (t == nullptr) return NotLive(id, /*for_chunk=*/true);
+  if (!t->streaming) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("transfer ", id, ": a chunk outside its PushKv stream"));
+  }
+  return t;
+}
+
 absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& chunk,
                                                const uint8_t* device_rows) {
   std::shared_ptr<Transfer> t;
@@ -202,12 +213,7 @@ absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& c
   Pending pending;
   {
     MutexLock lock(&mu_);
-    t = Live(id);
-    if (t == nullptr) return NotLive(id, /*for_chunk=*/true);
-    if (!t->streaming) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("transfer ", id, ": a chunk outside its PushKv stream"));
-    }
+    ASSIGN_OR_RETURN(t, Streaming(id));
     if (absl::Now() >= t->deadline) {
       // The reaper has not got to it yet: the lease is over all the same.
       End(t, TransferState::kExpired,
@@ -264,6 +270,24 @@ absl::StatusOr<PushProgress> KvTransfers::Push(uint64_t id, const v1::KvChunk& c
   Run(pending);
   if (!result.ok()) return result;
   return progress;
+}
+
+absl::Status KvTransfers::CheckLinkChunk(uint64_t id, const v1::KvChunk& chunk) {
+  std::shared_ptr<Transfer> t;
+  {
+    MutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(t, Streaming(id));
+  }
+  // The receiver is the stream thread's, this one's.
+  absl::Status st = t->receiver->CheckHeader(chunk);
+  if (st.ok()) return st;
+  Pending pending;
+  {
+    MutexLock lock(&mu_);
+    if (IsLive(t->state)) End(t, TransferState::kFailed, st, "chunk_rejected", pending);
+  }
+  Run(pending);
+  return st;
 }
 
 absl::Status KvTransfers::CloseStream(uint64_t id, const absl::Status& why) {

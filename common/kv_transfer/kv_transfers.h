@@ -118,6 +118,10 @@ class KvTransfers {
   // device_rows: a link chunk's payload, received (KvLinks) into the store's memory.
   absl::StatusOr<PushProgress> Push(uint64_t transfer_id, const v1::KvChunk& chunk,
                                     const uint8_t* device_rows = nullptr);
+  // A link chunk's header, checked as Push will (its size against its ranges, its ranges against
+  // the reservation) before its payload is received: what Push would refuse aborts the transfer
+  // here, as Push would. From the bound stream's thread.
+  absl::Status CheckLinkChunk(uint64_t transfer_id, const v1::KvChunk& chunk);
   // The stream ended. A transfer that did not complete is aborted (its sender died or gave up):
   // returns that, or what ended the transfer before (an expired lease...); OK once complete.
   absl::Status CloseStream(uint64_t transfer_id, const absl::Status& why);
@@ -164,6 +168,9 @@ class KvTransfers {
   // a chunk that came too late.
   absl::Status NotLive(uint64_t transfer_id, bool for_chunk) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   std::shared_ptr<Transfer> Live(uint64_t transfer_id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The live transfer whose PushKv stream is bound, for a chunk of that stream; else why not.
+  absl::StatusOr<std::shared_ptr<Transfer>> Streaming(uint64_t transfer_id) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Expires what is past its deadline, drops old tombstones.
   void Sweep(absl::Time now, Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(Pending& pending) ABSL_LOCKS_EXCLUDED(mu_);

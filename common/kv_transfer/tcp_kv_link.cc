@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/kv_transfer/kv_link_auth.h"
 #include "common/util/mutex.h"
+#include "spdlog/spdlog.h"
 
 namespace tripod {
 namespace {
@@ -198,6 +200,7 @@ absl::StatusOr<std::unique_ptr<TcpKvLinkListener>> TcpKvLinkListener::Listen(
 TcpKvLinkListener::~TcpKvLinkListener() { close(fd_); }
 
 absl::StatusOr<std::unique_ptr<KvLink>> TcpKvLinkListener::Accept(uint64_t link_id,
+                                                                  const std::string& key,
                                                                   const KvMemory& memory,
                                                                   absl::Duration timeout,
                                                                   KvLinkSharedBuffer shared) {
@@ -213,18 +216,34 @@ absl::StatusOr<std::unique_ptr<KvLink>> TcpKvLinkListener::Accept(uint64_t link_
       if (shared.p != nullptr && shared.release) shared.release(shared.p);
       return Errno("accept");
     }
+    // A challenge the joiner answers with the key: a fresh one per connection, so that an answer
+    // seen once opens nothing. A silent connection holds the port for a second at most.
+    const absl::Time answer_by = std::min(deadline, absl::Now() + absl::Seconds(1));
+    absl::StatusOr<std::string> nonce = KvLinkRandomBytes(kKvLinkNonceBytes);
+    if (!nonce.ok()) {
+      close(c);
+      if (shared.p != nullptr && shared.release) shared.release(shared.p);
+      return nonce.status();
+    }
     uint64_t named = 0;
-    if (ReadAll(c, reinterpret_cast<uint8_t*>(&named), sizeof(named), deadline).ok() &&
-        named == link_id) {
+    std::string proof(kKvLinkMacBytes, '\0');
+    if (WriteAll(c, reinterpret_cast<const uint8_t*>(nonce->data()), nonce->size(), answer_by)
+            .ok() &&
+        ReadAll(c, reinterpret_cast<uint8_t*>(&named), sizeof(named), answer_by).ok() &&
+        ReadAll(c, reinterpret_cast<uint8_t*>(proof.data()), proof.size(), answer_by).ok() &&
+        named == link_id && KvLinkMacEqual(proof, KvLinkJoinProof(key, link_id, *nonce))) {
       NoDelay(c);
       return std::unique_ptr<KvLink>(std::make_unique<TcpKvLink>(c, memory, std::move(shared)));
     }
-    close(c);  // not this link's peer: wait for the right one
+    // Not this link's peer (another link's, or one without the key): wait for the right one.
+    spdlog::warn("KV link {}: refused a connection that did not prove the link's key", link_id);
+    close(c);
   }
 }
 
 absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host, int port,
-                                                         uint64_t link_id, const KvMemory& memory,
+                                                         uint64_t link_id, const std::string& key,
+                                                         const KvMemory& memory,
                                                          absl::Duration timeout,
                                                          KvLinkSharedBuffer shared) {
   // The buffer is released here on every failure, by the link after.
@@ -263,8 +282,14 @@ absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host
   } else if (r != 0) {
     st = Errno("connect");
   }
+  std::string nonce(kKvLinkNonceBytes, '\0');
   if (st.ok()) {
-    st = WriteAll(fd, reinterpret_cast<const uint8_t*>(&link_id), sizeof(link_id), deadline);
+    st = ReadAll(fd, reinterpret_cast<uint8_t*>(nonce.data()), nonce.size(), deadline);
+  }
+  if (st.ok()) {
+    std::string join(reinterpret_cast<const char*>(&link_id), sizeof(link_id));
+    join += KvLinkJoinProof(key, link_id, nonce);
+    st = WriteAll(fd, reinterpret_cast<const uint8_t*>(join.data()), join.size(), deadline);
   }
   if (!st.ok()) {
     close(fd);

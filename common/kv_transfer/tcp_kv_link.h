@@ -2,7 +2,8 @@
 // PushKv headers, KvLinkHash) over a plain TCP connection, for machines without GPUs, where NCCL
 // cannot run: the payload is copied out of device memory (the store's KvMemory) at the sending end
 // and into it at the receiving end. The decode worker listens (one port per link, one connection,
-// which must first name the link), the prefill worker connects. The IPC link is the same
+// which must name the link and answer the listener's random challenge with the link's key:
+// kv_link_auth.h), the prefill worker connects. The IPC link is the same
 // connection with a shared device buffer for the payloads (KvLinkSharedBuffer).
 #pragma once
 
@@ -35,11 +36,12 @@ class TcpKvLinkListener {
   static absl::StatusOr<std::unique_ptr<TcpKvLinkListener>> Listen(const std::string& host);
   ~TcpKvLinkListener();
   int port() const { return port_; }
-  // Waits at most `timeout` for the connection that names `link_id`, and makes it a link whose
-  // payloads move through `memory`'s copies (which must outlive it), and through `shared` when it
-  // holds a buffer (released with the link, or here on failure).
-  absl::StatusOr<std::unique_ptr<KvLink>> Accept(uint64_t link_id, const KvMemory& memory,
-                                                 absl::Duration timeout,
+  // Waits at most `timeout` for the connection that names `link_id` and proves `key` (others are
+  // closed), and makes it a link whose payloads move through `memory`'s copies (which must
+  // outlive it), and through `shared` when it holds a buffer (released with the link, or here on
+  // failure).
+  absl::StatusOr<std::unique_ptr<KvLink>> Accept(uint64_t link_id, const std::string& key,
+                                                 const KvMemory& memory, absl::Duration timeout,
                                                  KvLinkSharedBuffer shared = {});
 
  private:
@@ -48,8 +50,10 @@ class TcpKvLinkListener {
   int port_;
 };
 
+// Joins link `link_id` at host:port, proving `key` (the OpenKvLink reply's).
 absl::StatusOr<std::unique_ptr<KvLink>> ConnectTcpKvLink(const std::string& host, int port,
-                                                         uint64_t link_id, const KvMemory& memory,
+                                                         uint64_t link_id, const std::string& key,
+                                                         const KvMemory& memory,
                                                          absl::Duration timeout,
                                                          KvLinkSharedBuffer shared = {});
 

@@ -55,8 +55,11 @@ grpc::ChannelArguments WorkerChannelArguments() {
   return args;
 }
 
-std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address) {
-  return grpc::CreateCustomChannel(address, WorkerChannelCredentials(), WorkerChannelArguments());
+std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address,
+                                                const std::string& tls_name) {
+  grpc::ChannelArguments args = WorkerChannelArguments();
+  if (!tls_name.empty()) args.SetSslTargetNameOverride(tls_name);
+  return grpc::CreateCustomChannel(address, WorkerChannelCredentials(), args);
 }
 
 }  // namespace tripod

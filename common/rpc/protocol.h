@@ -47,6 +47,10 @@ static_assert(kWorkerKeepaliveTimeMs >= 2 * kWorkerMinRecvPingIntervalMs,
 grpc::ChannelArguments WorkerChannelArguments();
 // A channel to a worker, with those arguments and the process's worker-channel credentials
 // (mutual TLS once SetWorkerChannelCredentials has set them, tls.h; plaintext otherwise).
-std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address);
+// tls_name: the name the worker's certificate is checked against (gRPC's SSL target-name
+// override), for an address its certificate cannot name (a pod IP dialled for a Service's name);
+// empty: the address itself.
+std::shared_ptr<grpc::Channel> NewWorkerChannel(const std::string& address,
+                                                const std::string& tls_name = "");
 
 }  // namespace tripod

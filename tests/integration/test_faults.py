@@ -6,10 +6,17 @@ KV block free (and no reservation, no running sequence) and still serving the ne
     its end message;
   * a lease that expires before the KV comes (a late chunk is refused);
   * the prefill process killed (SIGKILL) in the middle of a transfer;
-  * a Cancel during decode, and a client that hangs up during Generate.
+  * a Cancel during decode, and a client that hangs up during Generate;
+  * KV links: a peer without the link's key turned away, and link payloads with a flipped byte,
+    a replayed or another key's MAC, or too many bytes for their ranges or for any chunk refused
+    before a byte lands.
 """
 
+import hashlib
+import hmac
 import re
+import socket
+import struct
 import threading
 import time
 
@@ -237,3 +244,127 @@ def test_bad_requests_get_clear_errors(workers, prompt):
                                           transfer_id=1), metadata=C.METADATA, timeout=60)
   assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
   still_serving(prefill, decode, prompt, 14)
+
+
+# KV links (Decode.OpenKvLink) under attack: a peer that joins a link without its key, and
+# payloads whose MAC does not hold (a flipped byte, an earlier chunk's or another transfer's MAC
+# replayed, another key's) or whose header names too many bytes. The decode worker keeps its KV
+# where only its copies reach (the guarded backend, a GPU's stand-in) and takes TCP links; the
+# "prefill worker" here is this test, speaking the link's protocol (docs/workers.md, "Trust").
+JOIN_DOMAIN = b"tripod kv-link join v1"
+PAYLOAD_DOMAIN = b"tripod kv-link payload v1"
+
+
+@pytest.fixture(scope="module")
+def link_workers():
+  with C.Cluster() as cl:
+    common = dict(threads=1, backend="cpu-guarded-kv")
+    prefill = cl.prefill(name="prefill-link", kv_link="tcp", chunk=64, **common)
+    decode = cl.decode(name="decode-link", kv_links="tcp", kv_budget_mb=64, **common)
+    yield prefill, decode
+
+
+class Link:
+  """This test's end of a TCP KV link: opened over gRPC, joined with `key` (the reply's)."""
+
+  def __init__(self, decode, key=None):
+    self.reply = decode.stub.OpenKvLink(
+        C.dpb.OpenKvLinkRequest(kind=C.dpb.KV_LINK_TCP, kv_dtype=layout(decode)[3]),
+        metadata=C.METADATA, timeout=30)
+    assert len(self.reply.link_key) == 32
+    self.key = self.reply.link_key
+    self.sock = socket.create_connection(("127.0.0.1", self.reply.tcp_port), timeout=10)
+    nonce = self.recv(16)
+    proof = hmac.new(key or self.key, JOIN_DOMAIN + struct.pack("<Q", self.reply.link_id) + nonce,
+                     hashlib.sha256).digest()
+    self.sock.sendall(struct.pack("<Q", self.reply.link_id) + proof)
+    self.next_seq = 0
+
+  def recv(self, n):
+    got = b""
+    while len(got) < n:
+      part = self.sock.recv(n - len(got))
+      if not part:
+        return got
+      got += part
+    return got
+
+  def closed_by_peer(self):
+    return self.recv(1) == b""
+
+  def mac(self, c, payload, key=None):
+    fields = (c.transfer_id, c.seq, c.link_id, c.link_seq, c.link_bytes, c.layer_begin,
+              c.layer_end, c.slot_begin, c.slot_end, c.dtype)
+    message = PAYLOAD_DOMAIN + b"".join(struct.pack("<Q", f & (2**64 - 1)) for f in fields)
+    return hmac.new(key or self.key, message + hashlib.sha256(payload).digest(),
+                    hashlib.sha256).digest()
+
+  def chunk(self, decode, transfer_id, seq, layer, slot_begin, slot_end, sent=None):
+    """A header for the next payload on the link, signed over its payload, and the bytes put on
+    the link (`sent` turns the payload into what actually goes)."""
+    c = chunk(decode, transfer_id, seq, layer, slot_begin, slot_end)
+    payload = c.payload
+    c.ClearField("payload")
+    c.ClearField("xxh3")
+    c.link_id, c.link_seq, c.link_bytes = self.reply.link_id, self.next_seq, len(payload)
+    self.next_seq += 1
+    c.link_mac = self.mac(c, payload)
+    self.sock.sendall(sent(payload) if sent else payload)
+    return c, payload
+
+
+def flip(payload):
+  return payload[:10] + bytes([payload[10] ^ 1]) + payload[11:]
+
+
+def test_a_peer_without_the_link_key_is_turned_away(link_workers, prompt):
+  prefill, decode = link_workers
+  stranger = Link(decode, key=b"\x42" * 32)
+  assert stranger.closed_by_peer()
+  C.wait_until(lambda: "did not prove the link's key" in decode.log(), 10, "the refusal logged")
+  still_serving(prefill, decode, prompt, 20)
+
+
+def test_altered_replayed_or_wrongly_keyed_link_payloads_are_refused(link_workers, prompt):
+  prefill, decode = link_workers
+  link = Link(decode)
+  # A byte flipped on the way.
+  altered, _ = link.chunk(decode, reserve(decode, 33).transfer_id, 0, 0, 0, 32, sent=flip)
+  expect_push_refused(decode, [altered], grpc.StatusCode.DATA_LOSS, "HMAC-SHA256")
+  C.wait_until(lambda: C.all_blocks_free(decode), 15, "the altered transfer's blocks free")
+  first = reserve(decode, 33)
+  good, payload = link.chunk(decode, first.transfer_id, 0, 0, 0, 32)
+  # Chunk 1 of the same transfer: chunk 0's bytes again, with chunk 0's MAC.
+  again, _ = link.chunk(decode, first.transfer_id, 1, 1, 0, 32, sent=lambda _: payload)
+  again.link_mac = good.link_mac
+  expect_push_refused(decode, [good, again], grpc.StatusCode.DATA_LOSS, "HMAC-SHA256")
+  C.wait_until(lambda: C.all_blocks_free(decode), 15, "the first transfer's blocks free")
+  # Another transfer's chunk 0 with the first transfer's bytes and MAC; then signed, for its own
+  # place, under another key.
+  for mac_of in (lambda c: good.link_mac, lambda c: link.mac(c, payload, key=b"\x42" * 32)):
+    res = reserve(decode, 33)
+    c, _ = link.chunk(decode, res.transfer_id, 0, 0, 0, 32, sent=lambda _: payload)
+    c.link_mac = mac_of(c)
+    expect_push_refused(decode, [c], grpc.StatusCode.DATA_LOSS, "HMAC-SHA256")
+  still_serving(prefill, decode, prompt, 22)
+
+
+def test_oversized_link_bytes_are_refused_before_anything_is_allocated(link_workers, prompt):
+  prefill, decode = link_workers
+  link = Link(decode)
+  # link_bytes that its ranges do not need: refused by the reservation's checks before the
+  # payload is taken; its bytes are read off and dropped, and the link goes on.
+  res = reserve(decode, 33)
+  c, payload = link.chunk(decode, res.transfer_id, 0, 0, 0, 32, sent=lambda p: p + b"\0" * 64)
+  c.link_bytes = len(payload) + 64
+  expect_push_refused(decode, [c], grpc.StatusCode.INVALID_ARGUMENT, "the link payload holds")
+  C.wait_until(lambda: C.all_blocks_free(decode), 15, "its blocks free")
+  res = reserve(decode, 33)
+  ok, _ = link.chunk(decode, res.transfer_id, 0, 0, 0, 32)
+  huge = C.kpb.KvChunk()
+  huge.CopyFrom(ok)
+  huge.seq, huge.layer_begin, huge.layer_end = 1, 1, 2
+  huge.link_seq, huge.link_bytes = link.next_seq, 1 << 40
+  expect_push_refused(decode, [ok, huge], grpc.StatusCode.INVALID_ARGUMENT,
+                      "more than any chunk carries")
+  still_serving(prefill, decode, prompt, 23)

@@ -242,8 +242,17 @@ def test_tls_mounts_each_roles_secret_and_passes_its_flags():
   monitor = by_kind(docs, "ServiceMonitor")["demo-tripod-scheduler"]["spec"]["endpoints"][0]
   assert monitor["scheme"] == "https"
   assert monitor["tlsConfig"]["ca"]["secret"] == {"name": "llm-api-tls", "key": "ca.crt"}
+  # The scheduler checks workers under the Service names it resolves unless told one name.
+  assert not any(a.startswith("--tls_server_name") for a in sched["args"])
+  named, _ = render({"grpcTls": {"secretPrefix": "prod-tls", "serverName": "tripod.internal"}})
+  named_deps = by_kind(named, "Deployment")
+  named_sched = container(named_deps["demo-tripod-scheduler"])
+  assert "--tls_server_name=tripod.internal" in named_sched["args"]
+  for role in ("prefill", "decode", "draft"):
+    assert not any(a.startswith("--tls_server_name")
+                   for a in container(named_deps[f"demo-tripod-{role}"])["args"])
   # With TLS switched off nothing of it appears.
-  plain, _ = render({"grpcTls": {"enabled": False}})
+  plain, _ = render({"grpcTls": {"enabled": False, "serverName": "tripod.internal"}})
   for d in by_kind(plain, "Deployment").values():
     assert not any(a.startswith(("--tls_", "--http_tls")) for a in container(d)["args"])
 

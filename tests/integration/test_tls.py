@@ -9,6 +9,13 @@ processes on loopback and certificates from scripts/make_test_ca:
     certificate another CA signed (a foreign deployment); a client with a certificate of the
     deployment's CA gets its answer;
   * a scheduler without the deployment's certificates never routes to the TLS workers;
+  * workers whose certificates name a DNS name only (as a cluster's name its Services, never the
+    pods' addresses) are dialled at 127.0.0.1 and checked under that name: a client with gRPC's
+    target-name override gets its answer, one without is refused; the scheduler serves
+    disaggregated through them with --tls_server_name, or with the name it resolved a *_dns
+    address under (the chart's way), and the prefill worker checks the decode worker under the
+    name the scheduler hands it; without a name the scheduler never routes to them and its
+    /health says why;
   * `tripod serve --tls_dir` runs the whole local cluster (draft hop included) over mutual TLS;
   * the API over HTTPS (--http_tls_cert/--http_tls_key): the `openai` client, streaming too,
     gets what the plaintext API gives; a plaintext client gets no answer and a client that does
@@ -105,9 +112,10 @@ def test_a_mutual_tls_cluster_serves_what_a_plaintext_one_does(tls_cluster):
   C.wait_until(lambda: C.all_blocks_free(tls_cluster.d), 30, "all KV blocks free")
 
 
-def health_with(worker, credentials):
+def health_with(worker, credentials, tls_name=None):
+  options = [("grpc.ssl_target_name_override", tls_name)] if tls_name else []
   channel = (grpc.insecure_channel(worker.address) if credentials is None
-             else grpc.secure_channel(worker.address, credentials))
+             else grpc.secure_channel(worker.address, credentials, options=options))
   try:
     stub = C.dgrpc.DecodeStub(channel)
     return stub.Health(C.pb.HealthRequest(), metadata=C.METADATA, timeout=10)
@@ -140,6 +148,91 @@ def test_a_scheduler_without_the_deployments_certificates_never_routes_to_it(tls
       status, body = s.http_get("/health")
       assert status == 503, body
       assert json.loads(body)["healthy_decode_workers"] == 0
+
+
+NAME = "workers.tripod.test"
+
+
+@pytest.fixture(scope="module")
+def named_pki():
+  """Certificates for NAME alone: dialled at 127.0.0.1, a worker is verified only under NAME."""
+  with tempfile.TemporaryDirectory(prefix="tripod_tls_named_") as tmp:
+    where = os.path.join(tmp, "named")
+    subprocess.run([os.path.join(C.SOURCE_DIR, "scripts", "make_test_ca"), "--names-only", where,
+                    NAME], check=True, capture_output=True, timeout=60)
+    yield where
+
+
+@pytest.fixture(scope="module")
+def named_workers(named_pki):
+  with C.Cluster() as c:
+    c.p = c.prefill(threads=1, **flags(named_pki, "prefill"))
+    c.d = c.decode(threads=1, kv_budget_mb=64, **flags(named_pki, "decode"))
+    yield c
+
+
+def test_a_worker_certified_for_a_name_is_checked_under_that_name(named_workers, named_pki):
+  cred = client_credentials(named_pki, named_pki)
+  with pytest.raises(grpc.RpcError) as e:
+    health_with(named_workers.d, cred)  # checked against 127.0.0.1, which it does not name
+  assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
+  assert health_with(named_workers.d, cred, tls_name=NAME).role == C.pb.ROLE_DECODE
+
+
+def decode_error(sched):
+  workers = json.loads(sched.http_get("/health")[1])["workers"]
+  return " ".join(w.get("error", "") for w in workers if w["role"] == "decode")
+
+
+def test_the_scheduler_checks_workers_dialled_by_address_under_their_name(named_workers,
+                                                                           named_pki):
+  p, d = named_workers.p, named_workers.d
+  with C.Cluster() as c:
+    unnamed = c.scheduler(prefill=[p], decode=[d], wait_ready=False, health_interval_ms=200,
+                          **flags(named_pki, "scheduler"))
+    time.sleep(1.5)
+    status, body = unnamed.http_get("/health")
+    assert status == 503, body
+    assert json.loads(body)["healthy_decode_workers"] == 0
+    # The reason names the name the certificate was checked against.
+    assert "--tls_server_name" in decode_error(unnamed), body
+    # Named: scheduler -> workers and prefill -> decode (the name handed over) all connect; a
+    # failed KV push would show as the local fallback route.
+    s = c.scheduler(prefill=[p], decode=[d], direct_prefill_tokens=1, tls_server_name=NAME,
+                    **flags(named_pki, "scheduler"))
+    _, tripod = complete(s)
+    assert tripod["route"] == "disaggregated", tripod
+  cred = client_credentials(named_pki, named_pki)
+
+  def all_free():
+    h = health_with(d, cred, tls_name=NAME)
+    return h.free_kv_blocks == h.total_kv_blocks and h.reservations == 0 and h.running == 0
+  C.wait_until(all_free, 30, "all KV blocks free")
+
+
+def test_a_worker_found_through_dns_is_checked_under_that_name(named_workers, named_pki):
+  """The chart's way: --prefill_dns/--decode_dns name the Services, the scheduler dials the
+  addresses they resolve to and checks each worker under the name (here in a mount namespace
+  whose /etc/hosts says NAME is 127.0.0.1)."""
+  if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"],
+                                         capture_output=True).returncode != 0:
+    pytest.skip("skipped: a mount namespace (for /etc/hosts) needs root and unshare -m")
+  p, d = named_workers.p, named_workers.d
+  with tempfile.TemporaryDirectory(prefix="tripod_tls_dns_") as tmp:
+    hosts = os.path.join(tmp, "hosts")
+    with open(hosts, "w") as f:
+      f.write(f"127.0.0.1 localhost\n127.0.0.1 {NAME}\n")
+    prefix = ["unshare", "-m", "sh", "-c", f'mount --bind "{hosts}" /etc/hosts && exec "$@"',
+              "sh"]
+    with C.Cluster() as c:
+      w = C.Worker("scheduler", {"prefill_dns": f"{NAME}:{p.grpc_port}",
+                                 "decode_dns": f"{NAME}:{d.grpc_port}",
+                                 "direct_prefill_tokens": 1, "health_interval_ms": 500,
+                                 **flags(named_pki, "scheduler")}, prefix=prefix)
+      c.workers.append(w)
+      C.wait_until(lambda: w.http_get("/health")[0] == 200, 60, "scheduler ready")
+      _, tripod = complete(w)
+      assert tripod["route"] == "disaggregated", tripod
 
 
 @pytest.mark.parametrize("bad,words", [

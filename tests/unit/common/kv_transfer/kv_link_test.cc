@@ -1,7 +1,7 @@
 // KV links without a GPU: KvLinkHash (host and a device memory's agree; every word and its place
-// count), the TCP link between guarded memories (payloads in order, the set-up naming its link,
-// timeouts that break the link), the IPC link through a shared buffer, and the receiver's checks
-// of link chunks.
+// count), the TCP link between guarded memories (payloads in order, the set-up naming its link
+// and proving its key, timeouts that break the link), the IPC link through a shared buffer, and the
+// receiver's checks of link chunks.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -16,6 +16,7 @@
 #include "common/kv/kv_link_hash.h"
 #include "common/kv/kv_snapshot.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
+#include "common/kv_transfer/kv_link_auth.h"
 #include "common/kv_transfer/nccl_kv_link.h"
 #include "common/kv_transfer/tcp_kv_link.h"
 
@@ -84,12 +85,26 @@ TEST_F(KvLinkTest, TcpLinkCarriesPayloadsInOrderBetweenDeviceMemories) {
   ASSERT_TRUE(listener.ok()) << listener.status();
   const uint64_t id = 77;
   absl::StatusOr<std::unique_ptr<KvLink>> accepted;
-  std::thread acceptor([&] { accepted = (*listener)->Accept(id, memory_, absl::Seconds(10)); });
-  // A connection that names another link is turned away; the right one is taken.
+  const std::string key(kKvLinkKeyBytes, 'k');
+  std::thread acceptor(
+      [&] { accepted = (*listener)->Accept(id, key, memory_, absl::Seconds(10)); });
+  // A connection that names another link, or this one without its key, is turned away (it
+  // cannot tell: the listener closes it); the right one is taken.
   auto stray =
-      ConnectTcpKvLink("127.0.0.1", (*listener)->port(), id + 1, memory_, absl::Seconds(10));
-  auto sender = ConnectTcpKvLink("127.0.0.1", (*listener)->port(), id, memory_, absl::Seconds(10));
+      ConnectTcpKvLink("127.0.0.1", (*listener)->port(), id + 1, key, memory_, absl::Seconds(10));
+  auto keyless = ConnectTcpKvLink("127.0.0.1", (*listener)->port(), id,
+                                  std::string(kKvLinkKeyBytes, 'x'), memory_, absl::Seconds(10));
+  auto sender =
+      ConnectTcpKvLink("127.0.0.1", (*listener)->port(), id, key, memory_, absl::Seconds(10));
   acceptor.join();
+  // The impostor's connection is closed at the other end.
+  ASSERT_TRUE(keyless.ok()) << keyless.status();
+  {
+    const absl::Status st =
+        (*keyless)->Recv(Device(std::vector<uint8_t>(16)), 16, absl::Seconds(5));
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnavailable) << st;
+    EXPECT_NE(st.message().find("closed"), std::string::npos) << st;
+  }
   ASSERT_TRUE(sender.ok()) << sender.status();
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_STREQ((*sender)->kind(), "tcp");
@@ -136,13 +151,14 @@ TEST_F(KvLinkTest, IpcLinkCarriesPayloadsThroughASharedBuffer) {
 
   auto listener = TcpKvLinkListener::Listen("127.0.0.1");
   ASSERT_TRUE(listener.ok()) << listener.status();
+  const std::string key(kKvLinkKeyBytes, 'i');
   absl::StatusOr<std::unique_ptr<KvLink>> accepted;
   std::thread acceptor([&] {
-    accepted = (*listener)->Accept(5, memory_, absl::Seconds(10),
+    accepted = (*listener)->Accept(5, key, memory_, absl::Seconds(10),
                                    KvLinkSharedBuffer{owned, buffer_bytes, memory_.free});
   });
   auto sender =
-      ConnectTcpKvLink("127.0.0.1", (*listener)->port(), 5, sender_memory, absl::Seconds(10),
+      ConnectTcpKvLink("127.0.0.1", (*listener)->port(), 5, key, sender_memory, absl::Seconds(10),
                        KvLinkSharedBuffer{mapped, buffer_bytes, sender_memory.close_shared});
   acceptor.join();
   ASSERT_TRUE(sender.ok()) << sender.status();
@@ -189,13 +205,14 @@ TEST_F(KvLinkTest, IpcLinkCarriesPayloadsThroughASharedBuffer) {
 TEST_F(KvLinkTest, NobodyJoiningTimesTheSetUpOut) {
   auto listener = TcpKvLinkListener::Listen("127.0.0.1");
   ASSERT_TRUE(listener.ok());
-  auto none = (*listener)->Accept(1, memory_, absl::Milliseconds(100));
+  const std::string key(kKvLinkKeyBytes, 'n');
+  auto none = (*listener)->Accept(1, key, memory_, absl::Milliseconds(100));
   EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
   // An IPC link's buffer is released when its set-up fails.
   std::string handle, error;
   uint8_t* owned = memory_.alloc_shared(4096, &handle);
   ASSERT_NE(owned, nullptr);
-  none = (*listener)->Accept(1, memory_, absl::Milliseconds(100),
+  none = (*listener)->Accept(1, key, memory_, absl::Milliseconds(100),
                              KvLinkSharedBuffer{owned, 4096, memory_.free});
   EXPECT_FALSE(none.ok());
   EXPECT_EQ(memory_.open_shared(handle, &error), nullptr);
