@@ -74,24 +74,28 @@ def test_greedy_pop_off_equals_reference(cluster, client, n_prompt):
 
 def test_pop_controls_through_the_api(cluster, client):
   """tripod.pop_variant: POP's controls at 1/3 run on the disaggregated route (the prefill worker
-  and the decode worker both apply them) and change the greedy output against POP 1/3; "pop"
-  leaves it bit-identical; a short prompt runs its control on the decode worker alone."""
+  and the decode worker both apply them) and change the greedy output (its tokens or their
+  log-probabilities: the first token's logits come from another model in every control) against
+  POP 1/3; "pop" leaves it bit-identical; a short prompt runs its control on the decode worker
+  alone."""
   prompt = corpus_prompt(64, offset=300)
 
   def run(tripod, p=prompt):
     r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=16, temperature=0,
-                                  extra_body={"ignore_eos": True, "tripod": tripod})
+                                  logprobs=0, extra_body={"ignore_eos": True, "tripod": tripod})
     assert r.usage.completion_tokens == 16
-    return r.choices[0].text, r.model_extra["tripod"]["route"]
+    c = r.choices[0]
+    return (c.text, c.logprobs.token_logprobs), r.model_extra["tripod"]["route"]
 
   pop, route = run({"pop": "1/3"})
   assert route == "disaggregated"
   assert run({"pop": "1/3", "pop_variant": "pop"}) == (pop, route)
   for variant in ("noboundary", "nokv", "shortgpt"):
-    text, route = run({"pop": "1/3", "pop_variant": variant})
-    assert route == "disaggregated" and text != pop, variant
-    text, route = run({"pop": "1/3", "pop_variant": variant}, prompt[:5])
-    assert route == "decode_only" and text, variant
+    out, route = run({"pop": "1/3", "pop_variant": variant})
+    assert route == "disaggregated", variant
+    assert out[1][0] != pop[1][0] and out != pop, (variant, out, pop)
+    out, route = run({"pop": "1/3", "pop_variant": variant}, prompt[:5])
+    assert route == "decode_only" and out[0], variant
   wait_until(lambda: all_blocks_free(cluster.d), 30, "every KV block free after the controls")
 
 

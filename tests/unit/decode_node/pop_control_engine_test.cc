@@ -8,7 +8,6 @@
 
 #include <deque>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "common/kv/hiding_kv_store.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
+#include "tests/unit/decode_node/random_prompt.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -25,14 +25,6 @@ namespace {
 
 constexpr int kNewTokens = 12;
 const std::vector<int> kLengths = {21, 50};
-
-std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(200, 40000);
-  std::vector<int32_t> p(n);
-  for (int32_t& t : p) t = id(rng);
-  return p;
-}
 
 DecodeRequest Greedy(std::vector<int32_t> prompt, std::vector<int32_t>* out) {
   DecodeRequest r;
