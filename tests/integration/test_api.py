@@ -76,8 +76,8 @@ def test_pop_controls_through_the_api(cluster, client):
   """tripod.pop_variant: POP's controls at 1/3 run on the disaggregated route (the prefill worker
   and the decode worker both apply them) and change the greedy output (its tokens or their
   log-probabilities: the first token's logits come from another model in every control) against
-  POP 1/3; "pop" leaves it bit-identical; a short prompt runs its control on the decode worker
-  alone."""
+  POP 1/3; "pop" leaves it bit-identical, and so does any control at ratio 0 against POP off; a
+  short prompt runs its control on the decode worker alone."""
   prompt = corpus_prompt(64, offset=300)
 
   def run(tripod, p=prompt):
@@ -96,6 +96,8 @@ def test_pop_controls_through_the_api(cluster, client):
     assert out[1][0] != pop[1][0] and out != pop, (variant, out, pop)
     out, route = run({"pop": "1/3", "pop_variant": variant}, prompt[:5])
     assert route == "decode_only" and out[0], variant
+    # At ratio 0 a control acts on no layer: the full model's output, bit for bit.
+    assert run({"pop": "0", "pop_variant": variant}) == run({"pop": "off"}), variant
   wait_until(lambda: all_blocks_free(cluster.d), 30, "every KV block free after the controls")
 
 
