@@ -76,7 +76,7 @@ int AdmitReserved(SchedSeq* s, SchedulerQueues& q, PagedKvCache& cache, StepSche
 int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueues& q,
           PagedKvCache& cache, StepSchedule& out) {
   if (s->reserved_kv >= 0) return AdmitReserved(s, q, cache, out);
-  const int32_t kv = cache.NewSequence(config.plan_key);
+  const int32_t kv = cache.NewSequence(s->plan_key != 0 ? s->plan_key : config.plan_key);
   int attached = 0;
   int base_slots = 0;  // slots already held before this chunk
   if (s->snapshot != nullptr) {

@@ -47,6 +47,7 @@ struct SchedSeq {
   int n_computed = 0;  // tokens[0, n_computed) have their K/V in the cache (position count)
   int kv_len = 0;      // cache slots filled; == n_computed unless imported
   int preemptions = 0;
+  uint64_t plan_key = 0;  // its cache sequences' key (0: SchedulerConfig::plan_key)
 };
 
 struct ScheduledChunk {

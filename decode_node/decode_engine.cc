@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/compute/session.h"
 #include "common/compute/step_batch.h"
+#include "common/kv/hiding_kv_store.h"
 #include "common/kv/kv_dtype.h"
 #include "common/util/core_share.h"
 #include "common/util/log.h"
@@ -167,6 +168,24 @@ absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
                        " prompt tokens (untrimmed KV must cover exactly tokens 0..n-2)"));
     }
   }
+  if (const PopControl& pc = r.pop_control; pc.variant != PopVariant::kPop) {
+    for (int l : pc.skipped) {
+      if (l <= 0 || l >= c.n_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("request: POP control layer ", l, " is outside [1, ", c.n_layers, ")"));
+      }
+    }
+    if (pc.prompt_tokens < 1 || pc.prompt_tokens > n) {
+      return absl::InvalidArgumentError(absl::StrCat("request: POP control's prompt of ",
+                                                     pc.prompt_tokens, " tokens is outside [1, ", n,
+                                                     "]"));
+    }
+    if (r.kv != nullptr || r.reserved_trimmed) {
+      return absl::InvalidArgumentError(
+          "request: a POP control runs on untrimmed KV from a reservation or its own prefill, "
+          "not on a snapshot or trimmed KV");
+    }
+  }
   if (r.reserved_kv_seq >= 0) {
     if (r.kv != nullptr) {
       return absl::InvalidArgumentError("request: both a KV snapshot and a KV reservation");
@@ -189,6 +208,9 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
   seq->sched.tokens = seq->req.prompt;
   seq->sched.n_prompt = n;
   seq->sched.snapshot = seq->req.kv.get();
+  if (seq->req.pop_control.active()) {
+    seq->sched.plan_key = seq->req.pop_control.MixKey(plan_.KvKey());
+  }
   seq->submitted = Now();
   MutexLock lock(&mu_);
   const int64_t id = next_id_++;
@@ -354,7 +376,8 @@ absl::Status DecodeEngine::Adopt(Sequence& s) {
                                                    " has per-layer first slots, which only "
                                                    "trimmed KV fills"));
   }
-  return cache_->FinishExternalFill(kv, r.n_slots, tokens, r.plan_key, r.layer_first);
+  return cache_->FinishExternalFill(kv, r.n_slots, tokens, s.req.pop_control.MixKey(r.plan_key),
+                                    r.layer_first);
 }
 
 void DecodeEngine::Intake() {
@@ -466,6 +489,31 @@ void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
   }
 }
 
+absl::Status DecodeEngine::RunControlledChunk(const ScheduledChunk& c, std::vector<float>* logits) {
+  const SchedSeq& s = *c.seq;
+  const PopControl& pc = seqs_.at(s.id)->req.pop_control;
+  const int L = model_->config.n_layers;
+  const int begin = s.n_computed, end = s.n_computed + c.n_tokens;
+  // Rows before the boundary run the prompt stage's plan, the rest the decode stage's: the chunk
+  // splits where it crosses the boundary. Slots follow positions (untrimmed KV).
+  const int split = std::clamp(pc.boundary(), begin, end);
+  const std::vector<bool> hidden = pc.HiddenLayers(L);
+  HidingKvStore hiding(*cache_, hidden, pc.prompt_tokens - 1);
+  std::vector<float> rows;
+  for (int part = 0; part < 2; ++part) {
+    const int a = part == 0 ? begin : split, b = part == 0 ? split : end;
+    if (a == b) continue;
+    const bool want = c.wants_logits && b == end;
+    StepBatch batch;
+    batch.AddSequence(s.kv_seq, s.tokens.data() + a, b - a, a, s.kv_len + (a - begin), want);
+    const ForwardPlan plan = part == 0 ? pc.PromptPlan(L) : pc.DecodePlan(L);
+    KvStore& kv = part == 1 && !hidden.empty() ? static_cast<KvStore&>(hiding) : *cache_;
+    RETURN_IF_ERROR(Forward(*model_, *backend_, plan, batch, kv, *ws_, want ? &rows : nullptr));
+    if (want) *logits = std::move(rows);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DecodeEngine::Step() {
   const double t0 = Now();
   Intake();
@@ -483,17 +531,32 @@ absl::Status DecodeEngine::Step() {
     if (seq.first_run < 0) seq.first_run = t0;
   }
 
+  // Sequences under a POP control run apart, in forwards of their own plans
+  // (RunControlledChunk); the rest as one batch under the engine's plan, as without controls.
   StepBatch batch;
+  std::vector<const ScheduledChunk*> controlled;
   for (const ScheduledChunk& c : sched.chunks) {
     const SchedSeq& s = *c.seq;
+    if (seqs_.at(s.id)->req.pop_control.active()) {
+      controlled.push_back(&c);
+      continue;
+    }
     batch.AddSequence(s.kv_seq, s.tokens.data() + s.n_computed, c.n_tokens, s.n_computed, s.kv_len,
                       c.wants_logits);
   }
   double forward_s = 0;
   absl::Status status;
+  // Logits rows of the controlled chunks that want them, by chunk.
+  absl::flat_hash_map<const ScheduledChunk*, std::vector<float>> control_logits;
   if (!sched.chunks.empty()) {
     const double f0 = Now();
-    status = Forward(*model_, *backend_, plan_, batch, *cache_, *ws_, &logits_);
+    if (!batch.seqs.empty()) {
+      status = Forward(*model_, *backend_, plan_, batch, *cache_, *ws_, &logits_);
+    }
+    for (const ScheduledChunk* c : controlled) {
+      if (!status.ok()) break;
+      status = RunControlledChunk(*c, &control_logits[c]);
+    }
     forward_s = Now() - f0;
   }
   if (!status.ok()) {
@@ -508,8 +571,15 @@ absl::Status DecodeEngine::Step() {
     CommitStep(sched, *cache_);
     const int32_t vocab = model_->config.vocab_size;
     sampling_.clear();
+    size_t batch_row = 0;
     for (const ScheduledChunk& c : sched.chunks) {
-      if (c.wants_logits) sampling_.push_back({seqs_.at(c.seq->id).get(), {}});
+      if (!c.wants_logits) continue;
+      Sequence* seq = seqs_.at(c.seq->id).get();
+      auto it = control_logits.find(&c);
+      const float* row = it != control_logits.end()
+                             ? it->second.data()
+                             : logits_.data() + size_t{1} * (batch_row++) * vocab;
+      sampling_.push_back({seq, row, {}});
     }
     // Sampling reads a whole vocabulary row per sequence (penalties, log-sum-exp): parallel over
     // the sequences, each with its own sampler state. Events go out afterwards, in batch order.
@@ -519,8 +589,8 @@ absl::Status DecodeEngine::Step() {
         std::span<const int32_t> suppress;
         if (s.n_generated < s.req.min_tokens) suppress = s.held_back;
         sampling_[i].token =
-            s.sampler.Sample(std::span<const float>(logits_.data() + size_t{1} * i * vocab, vocab),
-                             s.sched.tokens, static_cast<size_t>(s.sched.n_prompt), suppress);
+            s.sampler.Sample(std::span<const float>(sampling_[i].logits, vocab), s.sched.tokens,
+                             static_cast<size_t>(s.sched.n_prompt), suppress);
       }
     });
     for (SampledSeq& ss : sampling_) EmitToken(*ss.seq, std::move(ss.token));

@@ -174,6 +174,9 @@ class DecodeEngine {
   // Streams a sequence's sampled token (and ends the sequence where it stops).
   void EmitToken(Sequence& s, SampledToken token);
   void Loop();
+  // One chunk of a sequence under a POP control, through the control's plans; *logits gets its
+  // last row's logits when the chunk wants them (engine thread).
+  absl::Status RunControlledChunk(const ScheduledChunk& c, std::vector<float>* logits);
 
   DecodeEngineOptions options_;
   std::unique_ptr<Backend> backend_;
@@ -191,6 +194,7 @@ class DecodeEngine {
   std::vector<float> logits_;
   struct SampledSeq {
     Sequence* seq;
+    const float* logits;  // its row of the step's logits
     SampledToken token;
   };
   std::vector<SampledSeq> sampling_;  // Step's scratch: the sequences sampled this step

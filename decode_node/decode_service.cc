@@ -2,10 +2,12 @@
 #include "decode_node/decode_service.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/compute/pop_control.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/kv_transfer/kv_receiver.h"
 #include "common/rpc/protocol.h"
@@ -257,6 +259,27 @@ grpc::ServerUnaryReactor* DecodeService::Cancel(grpc::CallbackServerContext* con
   return reactor;
 }
 
+namespace {
+
+// The request's control on this model's layers.
+absl::StatusOr<PopControl> PopControlFromWire(const v1::PopControlSpec& w, int n_layers) {
+  std::optional<PopVariant> v = ParsePopVariant(w.variant());
+  std::optional<double> ratio = ParsePopRatio(w.ratio());
+  if (!v.has_value() || !ratio.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("request: POP control '", w.variant(), "' at '",
+                                                   w.ratio(),
+                                                   "': expected noboundary, nokv or shortgpt at a "
+                                                   "ratio in [0, 1)"));
+  }
+  PopControl pc;
+  pc.variant = *v;
+  pc.skipped = PopTailLayers(n_layers, *ratio);
+  pc.prompt_tokens = w.prompt_tokens();
+  return pc;
+}
+
+}  // namespace
+
 grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* req) {
   auto call = std::make_shared<Call>();
@@ -302,6 +325,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   r.continuation = req->continuation();
   r.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   r.min_tokens = req->min_tokens();
+  if (req->has_pop_control() && !req->pop_control().variant().empty()) {
+    absl::StatusOr<PopControl> pc =
+        PopControlFromWire(req->pop_control(), engine_.model().config.n_layers);
+    if (!pc.ok()) {
+      call->Reject(pc.status());
+      return reactor;
+    }
+    r.pop_control = *std::move(pc);
+  }
   if (absl::Status v = engine_.Validate(r); !v.ok()) {
     call->Reject(v);
     return reactor;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/compute/pop_control.h"
 #include "common/kv/kv_snapshot.h"
 #include "common/model/sampler.h"
 
@@ -75,7 +76,10 @@ struct DecodeRequest {
   int32_t reserved_kv_seq = -1;
   int reserved_slots = 0;
   bool reserved_trimmed = false;  // the slots are kept positions (SpecKV), not tokens 0..n-2
-  TokenCallback on_event;         // may be empty
+  // A POP control (tripod.pop_variant; common/compute/pop_control.h): this sequence's rows run
+  // the control's plans instead of the engine's full one. Inactive: the engine's plan, as before.
+  PopControl pop_control;
+  TokenCallback on_event;  // may be empty
 };
 
 }  // namespace tripod

@@ -12,21 +12,23 @@ sandboxed subprocess, and writes one JSON line per problem
 and a summary line ({"summary": true, ...}) with pass@1 and its 95% Wilson interval.
 `--merge a.jsonl b.jsonl ... --out FILE` joins shards into one file with one summary.
 
-Configurations (`--config`): how each is selected through `tripod serve` today.
+Configurations (`--config`): how each is selected through `tripod serve`.
   full       tripod serve --pop 0 (the prefill worker loads the full model); requests ask
              tripod.pop "off".
   pop0.2     tripod serve --pop 0.2; requests ask tripod.pop "0.2" (the scheduler routes them to a
   pop1/3     prefill worker whose skipped layers are that ratio's, docs/scheduler.md).
-  noboundary1/3, nokv1/3, shortgpt1/3: POP's controls exist only inside `tripod eval-pop`
-             (cli/eval_pop.cc); no flag of `tripod serve`, of the prefill worker or field
-             of a request selects them, so they are refused here rather than faked.
+  noboundary1/3, nokv1/3, shortgpt1/3: POP's controls at 1/3 (docs/pop.md): tripod serve --pop
+             1/3; requests ask tripod.pop "1/3" and tripod.pop_variant "noboundary", "nokv" or
+             "shortgpt", which both workers apply to the request (common/compute/pop_control.h).
 
 The prefill FLOPs share of a request is (full-model prefill FLOPs - FLOPs POP saved) / full-model
 prefill FLOPs, over the tokens the prefill worker ran (the prompt but its last token, which the
 decode worker runs in full). "Saved" is the rise of the prefill worker's
 tripod:prefill_flops_saved_total across the request (requests run one at a time); the full
 count follows prefill_node/prefill_flops.cc from the model's GGUF header. A request that did not
-take the disaggregated route ran on the decode worker with the full model: share 1.
+take the disaggregated route ran on the decode worker with the full model: share 1 (a control's
+request: null, its plan there is the control's and not counted). The prefill worker counts a
+control's layers run kSkip (nokv, shortgpt: no K/V projection either) as saved in full.
 """
 
 import argparse
@@ -47,21 +49,16 @@ import urllib.request
 
 SOURCE_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# The ratio `tripod serve --pop` loads and the request's tripod.pop; None: not selectable.
+# The ratio `tripod serve --pop` loads, the request's tripod.pop and its tripod.pop_variant
+# (None: POP itself).
 CONFIGS = {
-    "full": ("0", "off"),
-    "pop0.2": ("0.2", "0.2"),
-    "pop1/3": ("1/3", "1/3"),
-    "noboundary1/3": None,
-    "nokv1/3": None,
-    "shortgpt1/3": None,
+    "full": ("0", "off", None),
+    "pop0.2": ("0.2", "0.2", None),
+    "pop1/3": ("1/3", "1/3", None),
+    "noboundary1/3": ("1/3", "1/3", "noboundary"),
+    "nokv1/3": ("1/3", "1/3", "nokv"),
+    "shortgpt1/3": ("1/3", "1/3", "shortgpt"),
 }
-NOT_SELECTABLE = (
-    "config {name}: POP's controls (no boundary token, no K/V projection, ShortGPT-style removal) "
-    "are implemented only inside `tripod eval-pop` (cli/eval_pop.cc); `tripod serve` "
-    "(--pop takes a ratio), the prefill worker (--pop_ratio, --pop_layers) and a request's "
-    "tripod.pop select POP's plan only, so this configuration cannot be served. Use "
-    "`tripod eval-pop --configs ...` for the controls' quality on text.")
 
 # Codex's stop sequences for HumanEval: a completion is the function's body; whatever starts a
 # new top-level statement ends it. Greedy decoding, one sample: pass@1 is the fraction passed.
@@ -418,7 +415,15 @@ class Serve:
     return False
 
 
-def complete(client, model, prompt, request_pop, max_tokens, timeout_s):
+def request_options(request_pop, variant):
+  """The request's `tripod` object."""
+  options = {"pop": request_pop}
+  if variant is not None:
+    options["pop_variant"] = variant
+  return options
+
+
+def complete(client, model, prompt, tripod_options, max_tokens, timeout_s):
   """One greedy streamed completion: (text, prompt_tokens, output_tokens, ttft_s, route)."""
   t0 = time.monotonic()
   ttft = None
@@ -428,7 +433,7 @@ def complete(client, model, prompt, request_pop, max_tokens, timeout_s):
   stream = client.completions.create(
       model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stop=STOP, stream=True,
       stream_options={"include_usage": True}, timeout=timeout_s,
-      extra_body={"tripod": {"pop": request_pop}})
+      extra_body={"tripod": tripod_options})
   for chunk in stream:
     if chunk.choices and chunk.choices[0].text:
       if ttft is None:
@@ -449,7 +454,8 @@ def complete(client, model, prompt, request_pop, max_tokens, timeout_s):
 def evaluate(args, problems, out, done_rows=()):
   import openai
   spec = CONFIGS[args.config]
-  serve_pop, request_pop = spec
+  serve_pop, request_pop, variant = spec
+  tripod_options = request_options(request_pop, variant)
   model_path = resolve_model_file(args.model)
   shape = model_shape(model_path)
   rows = list(done_rows)
@@ -468,7 +474,7 @@ def evaluate(args, problems, out, done_rows=()):
         try:
           before = flops_saved_total(serve.prefill_metrics)
           text, prompt_tokens, output_tokens, ttft, route = complete(
-              client, serve.served_name, problem["prompt"], request_pop, args.max_tokens,
+              client, serve.served_name, problem["prompt"], tripod_options, args.max_tokens,
               args.request_timeout_s)
           saved = flops_saved_total(serve.prefill_metrics) - before
           break
@@ -481,19 +487,23 @@ def evaluate(args, problems, out, done_rows=()):
       if route == "disaggregated":
         full = full_prefill_flops(shape, prompt_tokens - 1)
         share = (full - saved) / full
-      else:
+      elif variant is None:
         share = 1.0  # the decode worker prefilled it with the full model
+      else:
+        share = None  # the decode worker prefilled it under the control's plan: not counted
       check = check_completion(problem, text, args.check_timeout_s)
       row = {"eval": "humaneval", "model": args.model, "config": args.config,
              "task_id": problem["task_id"], "passed": check["passed"],
              "prompt_tokens": prompt_tokens, "output_tokens": output_tokens,
-             "ttft_s": round(ttft, 4), "prefill_flops_share": round(share, 6), "route": route,
+             "ttft_s": round(ttft, 4),
+             "prefill_flops_share": None if share is None else round(share, 6), "route": route,
              "result": check["result"], "completion": text}
       rows.append(row)
       out.write(json.dumps(row) + "\n")
       out.flush()
       print(f"humaneval: {problem['task_id']} {check['result'][:60]} "
-            f"({output_tokens} tokens, ttft {ttft:.2f} s, share {share:.3f}, {route})",
+            f"({output_tokens} tokens, ttft {ttft:.2f} s, share "
+            f"{'-' if share is None else f'{share:.3f}'}, {route})",
             file=sys.stderr, flush=True)
   s = summary(rows)
   s.update({"shard": args.shard_text, "sandbox": sandbox_kind(),
@@ -558,9 +568,6 @@ def main(argv=None):
     with open(args.out, "w") as out:
       s = merge(args.merge, out)
   else:
-    if CONFIGS[args.config] is None:
-      print("humaneval: " + NOT_SELECTABLE.format(name=args.config), file=sys.stderr)
-      return 2
     if not os.access(args.tripod, os.X_OK):
       print(f"humaneval: {args.tripod} is not an executable tripod (--tripod)", file=sys.stderr)
       return 2

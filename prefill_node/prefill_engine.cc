@@ -131,6 +131,19 @@ absl::StatusOr<PrefillResult> PrefillEngine::Run(const std::vector<int32_t>& pro
       };
     }
     RETURN_IF_ERROR(Forward(*model_, *backend_, plan, batch, *cache, *ws_, nullptr, on_kv));
+    // Layers the plan skips (POP's nokv and shortgpt controls) write no K/V: the decode side
+    // still expects every layer, and gets their slots as the cache left them (zeros in host
+    // memory), never reading them (pop_control.h).
+    for (int a = 0; on_kv && a < c.n_layers;) {
+      if (plan.layers[a] != LayerMode::kSkip) {
+        ++a;
+        continue;
+      }
+      int b = a + 1;
+      while (b < c.n_layers && plan.layers[b] == LayerMode::kSkip) ++b;
+      RETURN_IF_ERROR(on_kv(a, b));
+      a = b;
+    }
     ++r.chunks;
   }
   const auto t1 = Clock::now();

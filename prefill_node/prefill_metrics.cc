@@ -29,14 +29,16 @@ constexpr char kFailuresHelp[] =
 //   m * (2*d*q [Q projection] + 2*q*d [attention output] + 3 * 2*d*f [gate, up, down])
 //   + 2 * 2*h*hd * m*(m+1)/2 [QK^T and PV over the causal triangle].
 // The K and V projections are still spent (the layer's KV is what the decode side needs), as are
-// norms and RoPE (not counted anywhere: prefill_flops.h). Equals PrefillFlops(full) -
-// PrefillFlops(plan) for plans without kSkip layers.
+// norms and RoPE (not counted anywhere: prefill_flops.h); a kSkip layer (POP's nokv and shortgpt
+// controls) saves them too, m * 2*d*2*kv. Equals PrefillFlops(full) - PrefillFlops(plan).
 double PopFlopsSaved(const ModelConfig& c, const ForwardPlan& plan, int n_tokens) {
   const double d = c.d_model, q = c.q_dim(), f = c.d_ff;
   const double m = n_tokens;
   const double linear = m * (2 * d * q + 2 * q * d + 3 * 2 * d * f);
   const double attention = 2 * 2 * c.n_heads * static_cast<double>(c.head_dim) * (m * (m + 1) / 2);
-  return plan.count(LayerMode::kKvOnly) * (linear + attention);
+  const double kv = m * 2 * d * 2 * c.kv_dim();
+  return plan.count(LayerMode::kKvOnly) * (linear + attention) +
+         plan.count(LayerMode::kSkip) * (linear + attention + kv);
 }
 
 PrefillMetrics::PrefillMetrics(metrics::Registry& r, const ModelConfig& config)

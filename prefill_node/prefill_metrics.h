@@ -18,7 +18,8 @@ namespace tripod {
 
 // The FLOPs (multiply and add counted separately) that running `plan` over n_tokens tokens at
 // positions 0..n_tokens-1 did not spend against the full model: POP's K/V-only layers still
-// project K and V but skip the rest. See the formula in prefill_metrics.cc.
+// project K and V but skip the rest; kSkip layers (POP's nokv and shortgpt controls) skip all of
+// it. See the formula in prefill_metrics.cc.
 double PopFlopsSaved(const ModelConfig& config, const ForwardPlan& plan, int n_tokens);
 
 class PrefillMetrics {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/compute/pop_control.h"
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/rpc/protocol.h"
 #include "common/util/status_macros.h"
@@ -84,6 +85,21 @@ absl::StatusOr<PrefillJob> JobFromRequest(const PrefillEngine& engine,
     ASSIGN_OR_RETURN(job.plan, engine.PlanFor(pop));
   } else {
     ASSIGN_OR_RETURN(job.plan, engine.PlanFor(std::nullopt));
+  }
+  if (!plan.variant().empty()) {
+    const std::optional<PopVariant> v = ParsePopVariant(plan.variant());
+    if (!v.has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill: POP variant '", plan.variant(),
+                                                     "' is not pop, noboundary, nokv or shortgpt"));
+    }
+    if (*v != PopVariant::kPop && job.trim.method != TrimMethod::kNone) {
+      return absl::InvalidArgumentError("prefill: a POP control runs on untrimmed KV");
+    }
+    std::vector<int> skipped;
+    for (int l = 0; l < n_layers; ++l) {
+      if (job.plan.layers[l] == LayerMode::kKvOnly) skipped.push_back(l);
+    }
+    job.plan = PopVariantPrefillPlan(n_layers, skipped, *v);
   }
   job.decode_address = request.decode_address();
   job.decode_tls_name = request.decode_tls_name();

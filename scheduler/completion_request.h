@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/compute/pop_control.h"
 #include "common/model/chat_template.h"
 #include "common/model/sampler.h"
 
@@ -33,6 +34,9 @@ struct PopChoice {
   enum class Kind { kDefault, kOff, kOn, kRatio };
   Kind kind = Kind::kDefault;  // kDefault: the scheduler's --pop
   std::string ratio;           // kRatio: "1/3", "0.25" (validated: 0 <= ratio < 1)
+  // tripod.pop_variant: one of POP's controls at `ratio` (kRatio only), run by both workers.
+  PopVariant variant = PopVariant::kPop;
+  bool control() const { return variant != PopVariant::kPop; }
 };
 
 // A compression method (docs/algorithms.md), the request's tripod.method.

@@ -53,6 +53,7 @@ struct RawRequest {
   bool include_usage = false;
   std::string user;
   std::string pop;
+  std::string pop_variant;
   std::string method;
 };
 
@@ -250,6 +251,23 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   ApiResult<PopChoice> pop = ParsePopChoice(raw.pop);
   if (auto* e = std::get_if<ApiError>(&pop)) return *std::move(e);
   req.pop = std::get<PopChoice>(std::move(pop));
+  const std::string variant(absl::StripAsciiWhitespace(raw.pop_variant));
+  if (!variant.empty()) {
+    const std::optional<PopVariant> v = ParsePopVariant(variant);
+    if (!v.has_value()) {
+      return InvalidRequest(absl::StrCat("'tripod.pop_variant' must be \"pop\", \"noboundary\", "
+                                         "\"nokv\" or \"shortgpt\", got \"",
+                                         variant, "\""),
+                            "tripod.pop_variant");
+    }
+    req.pop.variant = *v;
+    if (req.pop.control() && req.pop.kind != PopChoice::Kind::kRatio) {
+      return InvalidRequest(
+          "'tripod.pop_variant' needs 'tripod.pop' as a ratio (\"1/3\", \"0.25\"): a control "
+          "runs on that ratio's layers",
+          "tripod.pop_variant");
+    }
+  }
   const std::string method(absl::StripAsciiWhitespace(raw.method));
   const std::optional<DraftMethod> m = ParseDraftMethod(method);
   if (!m.has_value()) {
@@ -260,6 +278,12 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
                           "tripod.method");
   }
   req.method.method = *m;
+  if (req.pop.control() && *m != DraftMethod::kNone) {
+    return InvalidRequest(
+        "'tripod.pop_variant' (a POP control) cannot be combined with "
+        "'tripod.method': the controls run on untrimmed KV",
+        "tripod.pop_variant");
+  }
   const double budget = raw.budget.value_or(0);
   if (budget != 0) {
     const bool tokens =
@@ -434,6 +458,9 @@ std::optional<ApiError> ParseTripodObject(const json& body, RawRequest* raw) {
           "tripod.pop");
     }
   }
+  std::optional<std::string> pop_variant;
+  API_RETURN_IF_ERROR(GetString(t, "pop_variant", &pop_variant, "tripod.pop_variant"));
+  raw->pop_variant = pop_variant.value_or("");
   std::optional<std::string> method;
   API_RETURN_IF_ERROR(GetString(t, "method", &method, "tripod.method"));
   raw->method = method.value_or("");
@@ -634,6 +661,7 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
   raw.ignore_eos = p.ignore_eos();
   raw.user = p.user();
   raw.pop = p.tripod().pop();
+  raw.pop_variant = p.tripod().pop_variant();
   raw.method = p.tripod().method();
   if (p.tripod().budget() != 0) {
     raw.budget = p.tripod().budget();

@@ -30,6 +30,9 @@
 //                      what the client asked for
 //   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos
 //   tripod             {"pop": "off" | "on" | "" | ratio ("1/3", "0.25", or a number) in [0, 1),
+//                       "pop_variant": "" | "pop" | "noboundary" | "nokv" | "shortgpt" (POP's
+//                                 controls, common/compute/pop_control.h; a control needs "pop"
+//                                 as a ratio and no "method"),
 //                       "method": "" | "none" | "speckv" | "specpc" | "draftmap" | "snapkv" |
 //                                 "pyramidkv" | "streamingllm" | "keeplast",
 //                       "budget": tokens kept (a whole number >= 1) or a fraction of the prompt

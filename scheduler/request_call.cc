@@ -241,6 +241,9 @@ void Call::RunPrefill() {
   prefill_request_.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
   if (trimming_.method() != v1::TRIM_NONE) *prefill_request_.mutable_trimming() = trimming_;
   if (!plan_ratio_.empty()) prefill_request_.mutable_plan()->set_pop_ratio(plan_ratio_);
+  if (request_.pop.control()) {
+    prefill_request_.mutable_plan()->set_variant(PopVariantName(request_.pop.variant));
+  }
   prefill_request_.set_decode_address(decode_->address());
   prefill_request_.set_decode_tls_name(decode_->tls_name());
   prefill_request_.set_transfer_id(transfer_id_);
@@ -318,6 +321,13 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
                                      request_.stop_token_ids.end());
   g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
   g.set_ignore_eos(request_.ignore_eos);
+  if (request_.pop.control()) {
+    // The decode worker runs the control's plans on its rows, whoever prefilled the prompt.
+    v1::PopControlSpec& pc = *g.mutable_pop_control();
+    pc.set_variant(PopVariantName(request_.pop.variant));
+    pc.set_ratio(request_.pop.ratio);
+    pc.set_prompt_tokens(static_cast<int>(prompt_.size()));
+  }
   grpc::ClientContext* context = NextContext(Phase::kGenerating);
   if (context == nullptr) {
     if (transfer_id != 0) SendDecodeCancel(transfer_id);

@@ -72,6 +72,35 @@ def test_greedy_pop_off_equals_reference(cluster, client, n_prompt):
     assert timing["prefill_s"] > 0 and timing["first_token_s"] > 0
 
 
+def test_pop_controls_through_the_api(cluster, client):
+  """tripod.pop_variant: POP's controls at 1/3 run on the disaggregated route (the prefill worker
+  and the decode worker both apply them) and change the greedy output (its tokens or their
+  log-probabilities: the first token's logits come from another model in every control) against
+  POP 1/3; "pop" leaves it bit-identical, and so does any control at ratio 0 against POP off; a
+  short prompt runs its control on the decode worker alone."""
+  prompt = corpus_prompt(64, offset=300)
+
+  def run(tripod, p=prompt):
+    r = client.completions.create(model=MODEL_NAME, prompt=p, max_tokens=16, temperature=0,
+                                  logprobs=0, extra_body={"ignore_eos": True, "tripod": tripod})
+    assert r.usage.completion_tokens == 16
+    c = r.choices[0]
+    return (c.text, c.logprobs.token_logprobs), r.model_extra["tripod"]["route"]
+
+  pop, route = run({"pop": "1/3"})
+  assert route == "disaggregated"
+  assert run({"pop": "1/3", "pop_variant": "pop"}) == (pop, route)
+  for variant in ("noboundary", "nokv", "shortgpt"):
+    out, route = run({"pop": "1/3", "pop_variant": variant})
+    assert route == "disaggregated", variant
+    assert out[1][0] != pop[1][0] and out != pop, (variant, out, pop)
+    out, route = run({"pop": "1/3", "pop_variant": variant}, prompt[:5])
+    assert route == "decode_only" and out[0], variant
+    # At ratio 0 a control acts on no layer: the full model's output, bit for bit.
+    assert run({"pop": "0", "pop_variant": variant}) == run({"pop": "off"}), variant
+  wait_until(lambda: all_blocks_free(cluster.d), 30, "every KV block free after the controls")
+
+
 def test_logit_bias(cluster, client):
   """+100 forces a token at every step, -100 bans the greedy choice; through both workers and
   the decode worker alone, completions and chat."""
@@ -185,6 +214,10 @@ def error_of(resp):
     ({"model": MODEL_NAME, "prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL_NAME, "prompt": 17}, "prompt"),
     ({"model": MODEL_NAME, "prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"model": MODEL_NAME, "prompt": "x", "tripod": {"pop": "1/3", "pop_variant": "nokv2"}},
+     "tripod.pop_variant"),
+    ({"model": MODEL_NAME, "prompt": "x", "tripod": {"pop_variant": "shortgpt"}},
+     "tripod.pop_variant"),
 ])
 def test_400s(cluster, body, param):
   status, err, _ = error_of(cluster.s.http("POST", "/v1/completions", body))

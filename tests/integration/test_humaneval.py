@@ -2,7 +2,7 @@
 wrong one fails, an infinite loop dies by its time limit, a network connection is refused, a
 fork bomb stops at the process limit), its Wilson interval, and the harness end to end through a
 real `tripod serve` of the bundled model on two problems (every field of the JSON lines, the
-prefill FLOPs share of POP 1/3 against the full model, shards merged, a control refused)."""
+prefill FLOPs share of POP 1/3 against the full model, shards merged, a POP control served through the API)."""
 
 import importlib.util
 import json
@@ -211,8 +211,17 @@ def test_a_failed_start_leaves_no_process(tmp_path):
   assert_stopped(p.stderr)
 
 
-@pytest.mark.parametrize("config", ["nokv1/3", "noboundary1/3", "shortgpt1/3"])
-def test_controls_are_refused_not_faked(tmp_path, config):
-  p, out = run_harness(tmp_path, config, "--limit=1")
-  assert p.returncode == 2 and "eval-pop" in p.stderr and "cannot be served" in p.stderr, p.stderr
-  assert " serve --port" not in p.stderr and not out.exists()  # no server, no results
+def test_a_control_is_served_through_the_api(tmp_path):
+  # No K/V projection at 1/3 (tripod.pop_variant "nokv"): the prefill worker runs SmolLM2's last
+  # 10 layers kSkip, so its prefill spends exactly the 20 full layers' FLOPs (POP's K/V-only
+  # layers would spend a little more: 0.6875 of the full model's), and the request still takes
+  # the disaggregated route.
+  p, out = run_harness(tmp_path, "nokv1/3", "--limit=1")
+  assert p.returncode == 0, p.stderr[-3000:]
+  assert_stopped(p.stderr)
+  rows = read_lines(out)
+  assert len(rows) == 2 and rows[-1]["summary"] is True and rows[-1]["n"] == 1
+  r = rows[0]
+  assert FIELDS <= r.keys() and r["config"] == "nokv1/3" and r["task_id"] == "HumanEval/0", r
+  assert 1 <= r["output_tokens"] <= 24 and r["route"] == "disaggregated", r
+  assert abs(r["prefill_flops_share"] - 20 / 30) < 1e-4, r

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <deque>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +19,7 @@
 #include "common/model/chat_template.h"
 #include "common/util/mutex.h"
 #include "common/util/thread_pool.h"
+#include "tests/unit/decode_node/random_prompt.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -40,14 +40,6 @@ std::unique_ptr<DecodeEngine> NewEngine(const DecodeEngineOptions& o) {
   auto e = DecodeEngine::Create(o);
   EXPECT_TRUE(e.ok()) << e.status();
   return e.ok() ? std::move(e).value() : nullptr;
-}
-
-std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(200, 40000);
-  std::vector<int32_t> p(n);
-  for (int32_t& t : p) t = id(rng);
-  return p;
 }
 
 struct Stream {

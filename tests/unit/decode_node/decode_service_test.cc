@@ -10,7 +10,6 @@
 
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,20 +23,13 @@
 #include "common/rpc/protocol.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/thread_pool.h"
+#include "tests/unit/decode_node/random_prompt.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
 
 constexpr auto kCallTimeout = std::chrono::seconds(120);
-
-std::vector<int32_t> RandomPrompt(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> id(200, 40000);
-  std::vector<int32_t> p(n);
-  for (int32_t& t : p) t = id(rng);
-  return p;
-}
 
 // A worker in this process: engine (loop running), service, gRPC server, and a client stub.
 struct Worker {

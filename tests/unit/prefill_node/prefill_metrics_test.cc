@@ -26,10 +26,16 @@ ModelConfig SmallConfig() {
 TEST(PopFlopsSaved, IsTheFullPrefillsFlopsLessThePlans) {
   const ModelConfig c = SmallConfig();
   const ForwardPlan pop = ForwardPlan::PopPrefill(c.n_layers, {1, 3});
-  for (int m : {0, 1, 7, 300}) {
-    EXPECT_DOUBLE_EQ(PopFlopsSaved(c, pop, m),
-                     PrefillFlops(c, ForwardPlan::Full(c.n_layers), m) - PrefillFlops(c, pop, m))
-        << m << " tokens";
+  // POP, and a plan with a kSkip layer as POP's nokv and shortgpt controls run (it saves its K/V
+  // projection too).
+  ForwardPlan skipping = pop;
+  skipping.layers[3] = LayerMode::kSkip;
+  for (const ForwardPlan& plan : {pop, skipping}) {
+    for (int m : {0, 1, 7, 300}) {
+      EXPECT_DOUBLE_EQ(PopFlopsSaved(c, plan, m),
+                       PrefillFlops(c, ForwardPlan::Full(c.n_layers), m) - PrefillFlops(c, plan, m))
+          << m << " tokens, plan " << plan.DebugString();
+    }
   }
   EXPECT_EQ(PopFlopsSaved(c, ForwardPlan::Full(c.n_layers), 300), 0);
   // One layer, one token: Q and output projections, gate/up/down, one query-key pair.

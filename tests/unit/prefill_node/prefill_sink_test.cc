@@ -4,6 +4,7 @@
 //  - the KV that the sink encodes into wire chunks (SplitKvRange + EncodeKvChunk) is, byte for
 //    byte, the KV of the snapshot path (ratio 0 and 1/3, fp32 and the f16 cache of "auto");
 //  - a cancel flag or a sink error stops the run between layers;
+//  - POP's nokv control: every layer sent, zeros for the skipped ones;
 //  - plan compatibility: a pruned worker runs only its own plan's KvKey, a full-weights worker
 //    runs any plan.
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/kv_transfer/kv_sender.h"
 #include "prefill_node/prefill_engine.h"
+#include "prefill_node/prefill_service.h"
 #include "tests/unit/test_model.h"
 #include "xxhash.h"
 
@@ -161,6 +163,60 @@ TEST(PrefillSinkTest, SinkKvEqualsSnapshotKvByteForByte) {
     EXPECT_EQ(std::memcmp(c.kv.k.data(), snap->kv.k.data(), c.kv.k.size()), 0);
     EXPECT_EQ(std::memcmp(c.kv.v.data(), snap->kv.v.data(), c.kv.v.size()), 0);
     EXPECT_EQ(r->plan_key, snap->kv.plan_key);
+  }
+}
+
+// POP's nokv and shortgpt controls (PrefillPlan.variant): the skipped layers run kSkip, no K/V
+// projected, yet the sink still hears of every layer once per chunk (the decode side expects them
+// all) and carries zeros for them; the kept layers' KV is plain POP's byte for byte. On this
+// pruned worker the variant's plan is taken; an unknown variant or one with trimming is refused.
+TEST(PrefillSinkTest, NoKvControlSendsEveryLayerAndZerosForTheSkipped) {
+  const std::vector<int32_t> prompt = SomeIds(41, 3);
+  PrefillEngine* e = Engine("fp32", 1.0 / 3, true);
+  ASSERT_NE(e, nullptr);
+  const int L = e->model().config.n_layers;
+  v1::PrefillRequest req;
+  req.mutable_prompt()->Assign(prompt.begin(), prompt.end());
+  req.set_decode_address("127.0.0.1:1");
+  req.set_transfer_id(5);
+  req.mutable_plan()->set_pop_ratio("1/3");
+  req.mutable_plan()->set_variant("nokv");
+  absl::StatusOr<PrefillJob> job = JobFromRequest(*e, req);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->plan.DebugString(), "F20 S10");
+  req.mutable_plan()->set_variant("pop");
+  ASSERT_TRUE(JobFromRequest(*e, req).ok());
+  EXPECT_EQ(JobFromRequest(*e, req)->plan.KvKey(), e->plan().KvKey());
+  req.mutable_plan()->set_variant("halfkv");
+  EXPECT_EQ(JobFromRequest(*e, req).status().code(), absl::StatusCode::kInvalidArgument);
+  req.mutable_plan()->set_variant("shortgpt");
+  req.mutable_trimming()->set_method(v1::TRIM_STREAMINGLLM);
+  req.mutable_trimming()->set_budget(8);
+  EXPECT_EQ(JobFromRequest(*e, req).status().code(), absl::StatusCode::kInvalidArgument);
+
+  auto plain = e->Run(prompt);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  Collected c;
+  PrefillRun run;
+  run.plan = &job->plan;
+  run.sink = CollectingSink(c, plain->kv.layout, 40);
+  auto r = e->Run(prompt, run);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->plan_key, job->plan.KvKey());
+  for (size_t i = 0; i < c.hits.size(); ++i) ASSERT_EQ(c.hits[i], 1) << "layer x slot " << i;
+  const KvSnapshot& want = plain->kv;
+  const size_t row = want.row_bytes();
+  const std::vector<uint8_t> zeros(row, 0);
+  for (int l = 0; l < L; ++l) {
+    for (int h = 0; h < want.layout.n_kv_heads; ++h) {
+      for (int s = 0; s < 40; ++s) {
+        const size_t o = want.offset(l, h, s);
+        const uint8_t* expect = l < 20 ? want.k.data() + o : zeros.data();
+        ASSERT_EQ(std::memcmp(c.kv.k.data() + o, expect, row), 0) << "K layer " << l;
+        expect = l < 20 ? want.v.data() + o : zeros.data();
+        ASSERT_EQ(std::memcmp(c.kv.v.data() + o, expect, row), 0) << "V layer " << l;
+      }
+    }
   }
 }
 

@@ -254,6 +254,35 @@ TEST(OpenAiRequestTest, SeedsTopKAndPop) {
   EXPECT_EQ(ParseOk(kCmpl, {{"tripod", {{"method", ""}}}}).method.method, DraftMethod::kNone);
 }
 
+TEST(OpenAiRequestTest, PopVariants) {
+  auto pop = [](const json& t) { return ParseOk(kCmpl, {{"tripod", t}}).pop; };
+  EXPECT_EQ(pop({{"pop", "1/3"}}).variant, PopVariant::kPop);  // absent: POP itself
+  EXPECT_FALSE(pop({{"pop", "1/3"}, {"pop_variant", nullptr}}).control());
+  EXPECT_FALSE(pop({{"pop", "1/3"}, {"pop_variant", ""}}).control());
+  EXPECT_FALSE(pop({{"pop_variant", "pop"}}).control());  // POP needs no ratio
+  for (const auto& [name, v] :
+       std::vector<std::pair<const char*, PopVariant>>{{"noboundary", PopVariant::kNoBoundary},
+                                                       {"nokv", PopVariant::kNoKv},
+                                                       {" shortgpt ", PopVariant::kShortGpt}}) {
+    const PopChoice p = pop({{"pop", "1/3"}, {"pop_variant", name}});
+    EXPECT_EQ(p.variant, v) << name;
+    EXPECT_TRUE(p.control());
+    EXPECT_EQ(p.ratio, "1/3");
+  }
+  // The gRPC door: the same field.
+  tripod::v1::CompletionRequest p;
+  p.set_prompt("x");
+  p.mutable_tripod()->set_pop("0.25");
+  p.mutable_tripod()->set_pop_variant("nokv");
+  auto g = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(g)) << std::get<ApiError>(g).message;
+  EXPECT_EQ(std::get<CompletionRequest>(g).pop.variant, PopVariant::kNoKv);
+  p.mutable_tripod()->set_pop_variant("skip");
+  auto bad = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(bad));
+  EXPECT_EQ(std::get<ApiError>(bad).param, "tripod.pop_variant");
+}
+
 TEST(OpenAiRequestTest, MethodsAndBudgets) {
   auto method = [](const json& t) { return ParseOk(kCmpl, {{"tripod", t}}).method; };
   EXPECT_EQ(method({{"method", "none"}}).method, DraftMethod::kNone);
@@ -441,6 +470,21 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kCmpl, {{"tripod", {{"pop", "1/2/3"}}}}, "tripod.pop", "ratio"},
       {kCmpl, {{"tripod", {{"pop", 1}}}}, "tripod.pop", "ratio"},
       {kCmpl, {{"tripod", {{"pop", true}}}}, "tripod.pop", "ratio"},
+      {kCmpl,
+       {{"tripod", {{"pop", "1/3"}, {"pop_variant", "half"}}}},
+       "tripod.pop_variant",
+       "\"nokv\""},
+      {kCmpl, {{"tripod", {{"pop", "1/3"}, {"pop_variant", 1}}}}, "tripod.pop_variant", "string"},
+      {kCmpl, {{"tripod", {{"pop_variant", "nokv"}}}}, "tripod.pop_variant", "as a ratio"},
+      {kCmpl,
+       {{"tripod", {{"pop", "on"}, {"pop_variant", "nokv"}}}},
+       "tripod.pop_variant",
+       "as a ratio"},
+      {kCmpl,
+       {{"tripod",
+         {{"pop", "1/3"}, {"pop_variant", "shortgpt"}, {"method", "snapkv"}, {"budget", 9}}}},
+       "tripod.pop_variant",
+       "tripod.method"},
       {kCmpl, {{"tripod", {{"method", "speckv"}}}}, "tripod.budget", "needs a 'tripod.budget'"},
       {kCmpl, {{"tripod", {{"method", "h2o"}, {"budget", 9}}}}, "tripod.method", "one of"},
       {kCmpl, {{"tripod", {{"method", 3}}}}, "tripod.method", "string"},
