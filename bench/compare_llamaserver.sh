@@ -7,7 +7,7 @@
 # against a fresh server. Builds nothing: the llama-server binary is yours (LLAMA_SERVER); without
 # it only Tripod runs.
 #   [LLAMA_SERVER=/path/to/llama-server] [THREADS=cores] [TRIPOD_THREADS=] [MODEL=...gguf] \
-#     [TRIPOD=build/release/tripod] [PORT=18400] [TTFT_PROMPTS=8] [AIPERF=path|off] \
+#     [TRIPOD=build/release/tripod] [TRIPOD_FLAGS=] [PORT=18400] [TTFT_PROMPTS=8] [AIPERF=path|off] \
 #     [LLAMA_SERVER_FLAGS="..."] [QUIET_PCT=10] [QUIET_WAIT=600] [AIPERF_NICE=19] \
 #     bench/compare_llamaserver.sh
 # Workloads:
@@ -19,8 +19,9 @@
 # Each workload runs after one warm-up request. Both servers get the same cores: llama-server
 # -t THREADS -tb THREADS (default: every core) --cont-batching and LLAMA_SERVER_FLAGS, Tripod its
 # defaults (POP 1/3 on the prefill worker, precision auto, the cores split between its prefill and
-# decode worker); run it under `taskset -c` to give both fewer cores. TRIPOD_THREADS=N passes
-# --threads N (N threads in each worker, sharing the cores) instead.
+# decode worker, an idle one's lent to the other); run it under `taskset -c` to give both fewer
+# cores. TRIPOD_THREADS=N passes --threads N (N threads in each worker, sharing the cores) instead;
+# TRIPOD_FLAGS="..." adds flags to `tripod serve` (e.g. --lend_cores=false).
 # AIPerf: AIPERF=/path/to/aiperf, or by default build/aiperf-venv/bin/aiperf, installed there on
 # first use from scripts/requirements-bench.txt (PyPI, about 1.2 GB; scripts/setup does not). It
 # runs at nice AIPERF_NICE (19): its processes poll, and at normal priority they took a large share
@@ -45,6 +46,7 @@ cd "$(dirname "$0")/.."
 threads=${THREADS:-$(nproc)}
 tripod_threads=()
 [[ -n "${TRIPOD_THREADS:-}" ]] && tripod_threads=(--threads "$TRIPOD_THREADS")
+read -r -a tripod_flags <<<"${TRIPOD_FLAGS:-}"
 model=${MODEL:-models/SmolLM2-135M-Instruct.Q4_1.gguf}
 tripod=${TRIPOD:-build/release/tripod}
 port=${PORT:-18400}
@@ -301,7 +303,7 @@ status=0
 run_tripod() {
   local workload=$1 harness=$2
   server_port=$port
-  "$tripod" serve --port "$port" "${tripod_threads[@]}" --model "$model" >"$tmp/tripod.out" \
+  "$tripod" serve --port "$port" "${tripod_threads[@]}" "${tripod_flags[@]}" --model "$model" >"$tmp/tripod.out" \
     2>"$tmp/tripod.log" &
   server_pid=$!
   if await_health "http://127.0.0.1:$port/health" 300; then
