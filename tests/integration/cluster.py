@@ -12,11 +12,13 @@ Stubs are generated from proto/ with grpc_tools at import time, into a temporary
 import atexit
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -208,6 +210,55 @@ def wait_until(pred, timeout, what):
       return last
     time.sleep(0.05)
   raise TimeoutError(f"{what}: not within {timeout} s (last: {last})")
+
+
+class Serve:
+  """`tripod serve` as a user runs it, for a `with` block: started in its own session with
+  --port=0 and the given flags, its URL taken from its first stdout line (bounded wait), its stderr
+  kept in `stderr_lines`; when the block ends it gets SIGTERM, then its process group SIGKILL if
+  it lingers. `url` is the API's base (http://127.0.0.1:N/v1)."""
+
+  def __init__(self, *flags, model=None, start_timeout=120):
+    self.cmd = [binary("tripod"), "serve", "--port=0", f"--model={model or MODEL}", *flags]
+    self.start_timeout = start_timeout
+    self.proc = None
+    self.url = None
+    self.stderr_lines = []
+
+  def __enter__(self):
+    self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True)
+    threading.Thread(target=lambda: self.stderr_lines.extend(self.proc.stderr),
+                     daemon=True).start()
+    try:
+      line = {}
+      t = threading.Thread(target=lambda: line.update(url=self.proc.stdout.readline()),
+                           daemon=True)
+      t.start()
+      t.join(timeout=self.start_timeout)
+      m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", line.get("url", ""))
+      assert m, (line, "".join(self.stderr_lines[-20:]))
+      self.url = m.group(1)
+    except BaseException:
+      self.stop()
+      raise
+    return self
+
+  def stop(self):
+    if self.proc.poll() is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+      except ProcessLookupError:
+        pass
+    try:
+      self.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+      os.killpg(self.proc.pid, signal.SIGKILL)
+      self.proc.wait(timeout=30)
+
+  def __exit__(self, *exc):
+    self.stop()
+    return False
 
 
 def all_blocks_free(decode):

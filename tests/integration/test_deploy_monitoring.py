@@ -11,11 +11,9 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.parse
 import urllib.request
@@ -24,7 +22,7 @@ import openai
 import pytest
 import yaml
 
-from cluster import MODEL, binary, wait_until
+from cluster import MODEL, Serve, wait_until
 
 SOURCE = os.environ.get("TRIPOD_SOURCE_DIR",
                         os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -114,113 +112,95 @@ def test_rules_and_dashboard_against_a_live_cluster(tmp_path):
       .replace("evaluation_interval: 5s", "evaluation_interval: 1s"))
   targets = conf_dir / "targets" / "local.json"
 
-  serve = subprocess.Popen(
-      [binary("tripod"), "serve", "--port=0", f"--model={MODEL}", "--draft_workers=1",
-       f"--prometheus_targets={targets}"],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-  stderr_lines = []
-  threading.Thread(target=lambda: stderr_lines.extend(serve.stderr), daemon=True).start()
   prom = None
-  try:
-    line = {}
-    t = threading.Thread(target=lambda: line.update(l=serve.stdout.readline()), daemon=True)
-    t.start()
-    t.join(timeout=150)
-    m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", line.get("l", ""))
-    assert m, (line, "".join(stderr_lines[-20:]))
-    client = openai.OpenAI(base_url=m.group(1), api_key="unused", max_retries=0, timeout=120)
-    wait_until(targets.exists, 30, "tripod serve wrote the targets file")
-    listed = json.loads(targets.read_text())
-    processes = sorted(t["labels"]["process"] for t in listed)
-    assert processes == ["decode-0", "draft-0", "prefill-0", "scheduler"], processes
-
-    port = free_port()
-    prom = subprocess.Popen(
-        ["prometheus", f"--config.file={conf_dir / 'prometheus.yml'}",
-         f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def all_up():
-      try:
-        res = api(port, "query", query='up{job="tripod"}')["result"]
-      except OSError as e:
-        return f"not answering: {e}"
-      return (len(res) == 4 and all(r["value"][1] == "1" for r in res)) or res
-
+  with Serve("--draft_workers=1", f"--prometheus_targets={targets}", start_timeout=150) as serve:
     try:
-      wait_until(lambda: all_up() is True, 60, "Prometheus scrapes all four processes")
-    except TimeoutError:
-      prom.terminate()
-      raise AssertionError(f"{all_up()}; Prometheus said: {prom.communicate(timeout=20)[1][-2000:]}")
-    # Requests between scrapes, so that every rate has an increase to see: plain ones, and the
-    # compression methods through the draft worker (their counters and the draft histogram).
-    story = " ".join(f"Item {i} is a {w}." for i, w in
-                     enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
-    for i in range(4):
-      r = client.completions.create(model=MODEL_NAME, prompt=f"Count with me: {i}, {i + 1},",
-                                    max_tokens=6, temperature=0)
-      assert r.usage.completion_tokens >= 1
-      for method in ("specpc", "speckv"):
-        r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=3, temperature=0,
-                                      extra_body={"tripod": {"method": method, "budget": 0.5}})
-        assert r.model_extra["tripod"]["method"]["applied"] is True, r.model_extra
-      time.sleep(1.5)
-    time.sleep(3)  # a few more scrapes and rule evaluations after the last request
+      client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=120)
+      wait_until(targets.exists, 30, "tripod serve wrote the targets file")
+      listed = json.loads(targets.read_text())
+      processes = sorted(t["labels"]["process"] for t in listed)
+      assert processes == ["decode-0", "draft-0", "prefill-0", "scheduler"], processes
 
-    known = set()
-    for t in listed:
-      known |= exported(int(t["targets"][0].rsplit(":", 1)[1]))
-    known |= {"up"} | {name for name, _, alert in rules() if not alert}
+      port = free_port()
+      prom = subprocess.Popen(
+          ["prometheus", f"--config.file={conf_dir / 'prometheus.yml'}",
+           f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    failures = []
-    for name, expr, alert in rules():
-      missing = names_in(expr) - known
-      if missing:
-        failures.append(f"rule {name}: no process exports {sorted(missing)}")
-      data = api(port, "query", query=expr)  # parses, or api() fails
-      if alert:
-        # An alert's expression is empty while it does not fire: its operand must have data.
-        operand = re.split(r"\s(?:>|<|==)\s", expr)[0]
-        if not api(port, "query", query=operand)["result"]:
-          failures.append(f"alert {name}: {operand} returns no data")
-      elif not data["result"]:
-        failures.append(f"recording rule {name}: no data")
-    for title, expr in panel_queries():
-      missing = names_in(expr) - known
-      if missing:
-        failures.append(f"panel {title!r}: no process exports {sorted(missing)}")
-      if not api(port, "query", query=expr)["result"]:
-        failures.append(f"panel {title!r}: {expr} returns no data")
-    assert not failures, "\n".join(failures)
+      def all_up():
+        try:
+          res = api(port, "query", query='up{job="tripod"}')["result"]
+        except OSError as e:
+          return f"not answering: {e}"
+        return (len(res) == 4 and all(r["value"][1] == "1" for r in res)) or res
 
-    # The recording rules Prometheus evaluated itself (not only our queries of their exprs).
-    groups = api(port, "rules")["groups"]
-    evaluated = {r["name"]: r.get("health") for g in groups for r in g["rules"]}
-    assert len(evaluated) == len(rules()), evaluated
-    assert all(h == "ok" for h in evaluated.values()), evaluated
-
-    out = tmp_path / "dashboard.png"
-    r = subprocess.run(
-        [sys.executable,
-         os.path.join(SOURCE, "scripts", "render_dashboard.py"),
-         f"--prometheus=http://127.0.0.1:{port}", f"--out={out}", "--minutes=2", "--step=1"],
-        capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert out.stat().st_size > 10000
-    drawn = int(re.search(r": (\d+) series", r.stdout).group(1))
-    assert drawn >= len(panel_queries()), r.stdout
-  finally:
-    if prom is not None:
-      prom.terminate()
       try:
-        prom.wait(timeout=20)
-      except subprocess.TimeoutExpired:
-        prom.kill()
-        prom.wait(timeout=10)
-    if serve.poll() is None:
-      serve.send_signal(signal.SIGTERM)
-      try:
-        serve.wait(timeout=60)
-      except subprocess.TimeoutExpired:
-        os.killpg(serve.pid, signal.SIGKILL)
-        serve.wait(timeout=30)
+        wait_until(lambda: all_up() is True, 60, "Prometheus scrapes all four processes")
+      except TimeoutError:
+        prom.terminate()
+        raise AssertionError(f"{all_up()}; Prometheus said: {prom.communicate(timeout=20)[1][-2000:]}")
+      # Requests between scrapes, so that every rate has an increase to see: plain ones, and the
+      # compression methods through the draft worker (their counters and the draft histogram).
+      story = " ".join(f"Item {i} is a {w}." for i, w in
+                       enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
+      for i in range(4):
+        r = client.completions.create(model=MODEL_NAME, prompt=f"Count with me: {i}, {i + 1},",
+                                      max_tokens=6, temperature=0)
+        assert r.usage.completion_tokens >= 1
+        for method in ("specpc", "speckv"):
+          r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=3, temperature=0,
+                                        extra_body={"tripod": {"method": method, "budget": 0.5}})
+          assert r.model_extra["tripod"]["method"]["applied"] is True, r.model_extra
+        time.sleep(1.5)
+      time.sleep(3)  # a few more scrapes and rule evaluations after the last request
+
+      known = set()
+      for t in listed:
+        known |= exported(int(t["targets"][0].rsplit(":", 1)[1]))
+      known |= {"up"} | {name for name, _, alert in rules() if not alert}
+
+      failures = []
+      for name, expr, alert in rules():
+        missing = names_in(expr) - known
+        if missing:
+          failures.append(f"rule {name}: no process exports {sorted(missing)}")
+        data = api(port, "query", query=expr)  # parses, or api() fails
+        if alert:
+          # An alert's expression is empty while it does not fire: its operand must have data.
+          operand = re.split(r"\s(?:>|<|==)\s", expr)[0]
+          if not api(port, "query", query=operand)["result"]:
+            failures.append(f"alert {name}: {operand} returns no data")
+        elif not data["result"]:
+          failures.append(f"recording rule {name}: no data")
+      for title, expr in panel_queries():
+        missing = names_in(expr) - known
+        if missing:
+          failures.append(f"panel {title!r}: no process exports {sorted(missing)}")
+        if not api(port, "query", query=expr)["result"]:
+          failures.append(f"panel {title!r}: {expr} returns no data")
+      assert not failures, "\n".join(failures)
+
+      # The recording rules Prometheus evaluated itself (not only our queries of their exprs).
+      groups = api(port, "rules")["groups"]
+      evaluated = {r["name"]: r.get("health") for g in groups for r in g["rules"]}
+      assert len(evaluated) == len(rules()), evaluated
+      assert all(h == "ok" for h in evaluated.values()), evaluated
+
+      out = tmp_path / "dashboard.png"
+      r = subprocess.run(
+          [sys.executable,
+           os.path.join(SOURCE, "scripts", "render_dashboard.py"),
+           f"--prometheus=http://127.0.0.1:{port}", f"--out={out}", "--minutes=2", "--step=1"],
+          capture_output=True, text=True, timeout=120)
+      assert r.returncode == 0, r.stdout + r.stderr
+      assert out.stat().st_size > 10000
+      drawn = int(re.search(r": (\d+) series", r.stdout).group(1))
+      assert drawn >= len(panel_queries()), r.stdout
+    finally:
+      if prom is not None:
+        prom.terminate()
+        try:
+          prom.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+          prom.kill()
+          prom.wait(timeout=10)

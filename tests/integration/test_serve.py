@@ -4,15 +4,11 @@ through the draft worker too), restarts a worker that dies (on the same ports), 
 on SIGTERM (exit 0, no child left)."""
 
 import os
-import re
 import signal
-import subprocess
-import threading
-import time
 
 import openai
 
-from cluster import MODEL, binary, wait_until
+from cluster import MODEL, Serve, wait_until
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 
@@ -42,70 +38,51 @@ def alive(pid):
 
 
 def test_serve_starts_serves_restarts_and_stops():
-  env = dict(os.environ)
-  proc = subprocess.Popen([binary("tripod"), "serve", "--port=0", f"--model={MODEL}"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                          start_new_session=True)
-  stderr_lines = []
-  threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
   kids = []
-  try:
-    url_line = {}
+  with Serve() as serve:
+    proc = serve.proc
+    try:
+      client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=120)
+      r = client.chat.completions.create(model=MODEL_NAME, max_tokens=8, temperature=0,
+                                         messages=[{"role": "user", "content": "Hello!"}])
+      assert r.choices[0].message.content and r.usage.completion_tokens >= 1
 
-    def read_url():
-      url_line["line"] = proc.stdout.readline()
+      # The draft worker serves the compression methods: SpecKV scores the pruned (POP 1/3)
+      # prefill worker's KV, the skipped layers too, and only the budget is sent.
+      story = " ".join(f"Item {i} is a {w}." for i, w in
+                       enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
+      r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=4, temperature=0,
+                                    extra_body={"tripod": {"method": "speckv", "budget": 0.5}})
+      method = r.model_extra["tripod"]["method"]
+      assert method["applied"] is True and method["kv_bytes_saved"] > 0, r.model_extra
+      assert r.model_extra["tripod"]["route"] == "disaggregated"
 
-    t = threading.Thread(target=read_url, daemon=True)
-    t.start()
-    t.join(timeout=120)
-    line = url_line.get("line", "")
-    m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", line)
-    assert m, (line, "".join(stderr_lines[-20:]))
-    base = m.group(1)
-    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=120)
-    r = client.chat.completions.create(model=MODEL_NAME, max_tokens=8, temperature=0,
-                                       messages=[{"role": "user", "content": "Hello!"}])
-    assert r.choices[0].message.content and r.usage.completion_tokens >= 1
+      kids = children(proc.pid)
+      names = sorted(comm(k) for k in kids)
+      assert names == ["tripod-decode", "tripod-draft", "tripod-prefill", "tripod-schedule"], names
+      decode = next(k for k in kids if comm(k) == "tripod-decode")
+      os.kill(decode, signal.SIGKILL)
+      # A new decode worker comes up on the same port; the scheduler routes to it again.
+      wait_until(lambda: any(comm(k) == "tripod-decode" and k != decode
+                             for k in children(proc.pid)), 60, "the decode worker restarted")
 
-    # The draft worker serves the compression methods: SpecKV scores the pruned (POP 1/3)
-    # prefill worker's KV, the skipped layers too, and only the budget is sent.
-    story = " ".join(f"Item {i} is a {w}." for i, w in
-                     enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
-    r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=4, temperature=0,
-                                  extra_body={"tripod": {"method": "speckv", "budget": 0.5}})
-    method = r.model_extra["tripod"]["method"]
-    assert method["applied"] is True and method["kv_bytes_saved"] > 0, r.model_extra
-    assert r.model_extra["tripod"]["route"] == "disaggregated"
+      def served():
+        try:
+          return client.completions.create(model=MODEL_NAME, prompt="One, two,", max_tokens=3,
+                                           temperature=0).usage.completion_tokens == 3
+        except openai.APIError:
+          return False
 
-    kids = children(proc.pid)
-    names = sorted(comm(k) for k in kids)
-    assert names == ["tripod-decode", "tripod-draft", "tripod-prefill", "tripod-schedule"], names
-    decode = next(k for k in kids if comm(k) == "tripod-decode")
-    os.kill(decode, signal.SIGKILL)
-    # A new decode worker comes up on the same port; the scheduler routes to it again.
-    wait_until(lambda: any(comm(k) == "tripod-decode" and k != decode
-                           for k in children(proc.pid)), 60, "the decode worker restarted")
-
-    def served():
-      try:
-        return client.completions.create(model=MODEL_NAME, prompt="One, two,", max_tokens=3,
-                                         temperature=0).usage.completion_tokens == 3
-      except openai.APIError:
-        return False
-
-    wait_until(served, 90, "a request served after the restart")
-    kids = children(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
-    for k in kids:
-      wait_until(lambda: not alive(k), 10, f"child {k} gone")
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait(timeout=30)
-    for k in kids:
-      if alive(k):
-        os.kill(k, signal.SIGKILL)
+      wait_until(served, 90, "a request served after the restart")
+      kids = children(proc.pid)
+      proc.send_signal(signal.SIGTERM)  # serve alone: it stops its children itself
+      assert proc.wait(timeout=60) == 0
+      for k in kids:
+        wait_until(lambda: not alive(k), 10, f"child {k} gone")
+    finally:
+      for k in kids:
+        if alive(k):
+          os.kill(k, signal.SIGKILL)
 
 
 def thread_cpu_ticks(pid):
@@ -123,22 +100,11 @@ def thread_cpu_ticks(pid):
 
 def computing_threads(lend):
   """Serves one long prompt with the decode worker idle; returns how many of the prefill worker's
-  threads did a real share of its work (at least a third of the busiest one's CPU time)."""
-  proc = subprocess.Popen([binary("tripod"), "serve", "--port=0", f"--model={MODEL}",
-                           "--draft_workers=0", f"--lend_cores={'true' if lend else 'false'}"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True)
-  stderr_lines = []
-  threading.Thread(target=lambda: stderr_lines.extend(proc.stderr), daemon=True).start()
-  try:
-    line = {}
-    t = threading.Thread(target=lambda: line.update(url=proc.stdout.readline()), daemon=True)
-    t.start()
-    t.join(timeout=120)
-    m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", line.get("url", ""))
-    assert m, (line, "".join(stderr_lines[-20:]))
-    client = openai.OpenAI(base_url=m.group(1), api_key="unused", max_retries=0, timeout=300)
-    prefill = next(k for k in children(proc.pid) if comm(k) == "tripod-prefill")
+  threads did a real share of its work (at least a third of the busiest one's CPU time), and
+  serve's log."""
+  with Serve("--draft_workers=0", f"--lend_cores={'true' if lend else 'false'}") as serve:
+    client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=300)
+    prefill = next(k for k in children(serve.proc.pid) if comm(k) == "tripod-prefill")
     before = thread_cpu_ticks(prefill)
     prompt = " ".join(f"Line {i}: the {w} is on the table." for i, w in
                       enumerate(["cup", "book", "lamp", "pen"] * 40))  # about 1,600 tokens
@@ -147,14 +113,7 @@ def computing_threads(lend):
     after = thread_cpu_ticks(prefill)
     used = sorted((after[t] - before.get(t, 0) for t in after), reverse=True)
     assert used[0] >= 10, used  # the prefill took at least 0.1 s of CPU (USER_HZ is 100)
-    return sum(1 for u in used if u * 3 >= used[0]), "".join(stderr_lines)
-  finally:
-    proc.send_signal(signal.SIGTERM)
-    try:
-      proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait(timeout=30)
+    return sum(1 for u in used if u * 3 >= used[0]), "".join(serve.stderr_lines)
 
 
 def test_serve_lends_an_idle_workers_cores():

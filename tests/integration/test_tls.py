@@ -27,12 +27,9 @@ processes on loopback and certificates from scripts/make_test_ca:
 import http.client
 import json
 import os
-import re
-import signal
 import ssl
 import subprocess
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -261,32 +258,14 @@ def test_serve_runs_the_local_cluster_over_mutual_tls(pki):
   """`tripod serve --tls_dir`: every child gets its role's certificate; requests are served
   disaggregated with the draft hop, over mutual TLS throughout."""
   ours, _ = pki
-  proc = subprocess.Popen([C.binary("tripod"), "serve", "--port=0", f"--model={C.MODEL}",
-                           f"--tls_dir={ours}", "--threads=1"],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True)
-  try:
-    lines = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout=120)
-    m = re.search(r"(http://127\.0\.0\.1:\d+/v1)\b", lines[0] if lines else "")
-    assert m, lines
-    client = openai.OpenAI(base_url=m.group(1), api_key="unused", max_retries=0, timeout=120)
+  with C.Serve(f"--tls_dir={ours}", "--threads=1") as serve:
+    client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=120)
     story = " ".join(f"Item {i} is a {w}." for i, w in
                      enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
     r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=4, temperature=0,
                                   extra_body={"tripod": {"method": "speckv", "budget": 0.5}})
     assert r.model_extra["tripod"]["route"] == "disaggregated", r.model_extra
     assert r.model_extra["tripod"]["method"]["applied"] is True, r.model_extra
-  finally:
-    if proc.poll() is None:
-      os.killpg(proc.pid, signal.SIGTERM)
-    try:
-      proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-      os.killpg(proc.pid, signal.SIGKILL)
-      proc.wait(timeout=30)
 
 
 def https_get(url, ca):
