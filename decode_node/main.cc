@@ -27,16 +27,15 @@
 #include "spdlog/spdlog.h"
 
 namespace tripod {
-namespace {
 
-constexpr ProcessInfo kProcess{
+const ProcessInfo kThisProcess{
     .name = "tripod-decode",
     .usage =
         "tripod-decode [flags]: the decode worker (tripod.v1.Decode on gRPC, /health and "
         "/metrics on HTTP)",
     .invalid_argument_exit = 2};
 
-absl::Status Serve(WorkerProcess& process) {
+absl::Status ServeThisProcess(WorkerProcess& process) {
   ASSIGN_OR_RETURN(DecodeFlags f, DecodeFlagsFromCommandLine(process));
   const DecodeEngineOptions& eo = f.engine;
   const DecodeServiceOptions& so = f.service;
@@ -82,9 +81,4 @@ absl::Status Serve(WorkerProcess& process) {
   return absl::OkStatus();
 }
 
-}  // namespace
 }  // namespace tripod
-
-int main(int argc, char** argv) {
-  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
-}

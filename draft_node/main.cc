@@ -39,15 +39,12 @@ ABSL_FLAG(int, context, 0, "prompt + lookahead tokens at most (0: the model's co
 ABSL_FLAG(int, max_queue, 64, "requests waiting at most; more are refused (RESOURCE_EXHAUSTED)");
 
 namespace tripod {
-namespace {
 
-constexpr ProcessInfo kProcess{
+const ProcessInfo kThisProcess{
     .name = "tripod-draft",
-    .usage =
-        "tripod-draft: the draft worker (tripod.v1.Draft on gRPC, /health and /metrics on "
-        "HTTP)"};
+    .usage = "tripod-draft [flags]: the draft worker (tripod.v1.Draft; /health, /metrics on HTTP)"};
 
-absl::Status Serve(WorkerProcess& process) {
+absl::Status ServeThisProcess(WorkerProcess& process) {
   const int max_queue = absl::GetFlag(FLAGS_max_queue);
   if (max_queue < 1) return absl::InvalidArgumentError("--max_queue must be at least 1");
   if (absl::GetFlag(FLAGS_context) < 0) {
@@ -93,9 +90,4 @@ absl::Status Serve(WorkerProcess& process) {
       service, &registry, [&] { return service.HealthNow(); }, worker.drainable());
 }
 
-}  // namespace
 }  // namespace tripod
-
-int main(int argc, char** argv) {
-  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
-}

@@ -27,15 +27,13 @@
 #include "spdlog/spdlog.h"
 
 namespace tripod {
-namespace {
 
-constexpr ProcessInfo kProcess{
+const ProcessInfo kThisProcess{
     .name = "tripod-prefill",
     .usage =
-        "tripod-prefill: the POP prefill worker (tripod.v1.Prefill on gRPC, /health and "
-        "/metrics on HTTP)"};
+        "tripod-prefill [flags]: the POP prefill worker (tripod.v1.Prefill; /health, /metrics)"};
 
-absl::Status Serve(WorkerProcess& process) {
+absl::Status ServeThisProcess(WorkerProcess& process) {
   ASSIGN_OR_RETURN(PrefillFlags f, PrefillFlagsFromCommandLine(process));
   const PrefillOptions& options = f.engine;
 
@@ -63,9 +61,4 @@ absl::Status Serve(WorkerProcess& process) {
       service, &registry, [&] { return service.HealthNow(); }, worker.queue());
 }
 
-}  // namespace
 }  // namespace tripod
-
-int main(int argc, char** argv) {
-  return tripod::RunProcess(tripod::kProcess, argc, argv, tripod::Serve);
-}

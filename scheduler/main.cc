@@ -121,6 +121,7 @@ absl::Status Serve(WorkerProcess& process) {
 }  // namespace
 }  // namespace tripod::scheduler
 
-int main(int argc, char** argv) {
-  return tripod::RunProcess(tripod::scheduler::kProcess, argc, argv, tripod::scheduler::Serve);
-}
+namespace tripod {
+const ProcessInfo kThisProcess = scheduler::kProcess;
+absl::Status ServeThisProcess(WorkerProcess& process) { return scheduler::Serve(process); }
+}  // namespace tripod

@@ -100,4 +100,10 @@ class WorkerProcess {
 int RunProcess(const ProcessInfo& info, int argc, char** argv,
                const std::function<absl::Status(WorkerProcess&)>& serve);
 
+// Each process binary links common/rpc/process_main.cc, whose main runs these two through
+// RunProcess; the binary's own main.cc defines them (what it is, and how it serves), so the four
+// mains hold only what differs between them.
+extern const ProcessInfo kThisProcess;
+absl::Status ServeThisProcess(WorkerProcess& process);
+
 }  // namespace tripod
