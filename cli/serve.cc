@@ -63,8 +63,9 @@ ABSL_DECLARE_FLAG(std::string, lookahead_layers);  // cli/draft.cc
 
 ABSL_FLAG(int, port, 8000, "serve: the API's HTTP port (0: any free port)");
 ABSL_FLAG(std::string, host, "127.0.0.1", "serve: the address the API listens on");
-ABSL_FLAG(std::string, pop, "1/3",
-          "serve: POP ratio the prefill workers load, e.g. 1/3 or 0.25 (0: full model)");
+ABSL_FLAG(std::string, pop, "",
+          "serve: POP ratio the prefill workers load, e.g. 1/3 or 0.25 (0: full model; empty: the "
+          "catalogue's ratio for the model, 0 for a model outside it)");
 ABSL_FLAG(int, prefill_workers, 1, "serve: prefill worker processes (0: decode workers prefill)");
 ABSL_FLAG(int, decode_workers, 1, "serve: decode worker processes");
 ABSL_FLAG(int, draft_workers, 1,
@@ -517,7 +518,6 @@ absl::Status ServeMain() {
   const int n_decode = absl::GetFlag(FLAGS_decode_workers);
   const int n_draft = absl::GetFlag(FLAGS_draft_workers);
   const bool workers_only = absl::GetFlag(FLAGS_workers_only);
-  const std::string pop = absl::GetFlag(FLAGS_pop);
   if (port < 0 || port > 65535) return absl::InvalidArgumentError("--port must be in 0..65535");
   if (host.empty()) return absl::InvalidArgumentError("--host is empty");
   if (n_decode < 1) return absl::InvalidArgumentError("--decode_workers must be at least 1");
@@ -529,14 +529,17 @@ absl::Status ServeMain() {
   if (absl::GetFlag(FLAGS_threads) < 0) {
     return absl::InvalidArgumentError("--threads must not be negative");
   }
-  ASSIGN_OR_RETURN(const PopConfig pop_config, ParsePopConfig(pop, ""));
-  if (!(pop_config.ratio >= 0 && pop_config.ratio < 1)) {
-    return absl::InvalidArgumentError(absl::StrCat("--pop ", pop, " is outside [0, 1)"));
-  }
   ASSIGN_OR_RETURN(const ServeModels models,
                    ChooseServeModels(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_draft_model),
                                      n_draft > 0, absl::GetFlag(FLAGS_fetch)));
   const std::string& model = models.target;
+  // POP is lossy: by default a model is pruned only as far as its measured task score allows.
+  std::string pop = absl::GetFlag(FLAGS_pop);
+  if (pop.empty()) pop = DefaultPopFor(BuiltinModelCatalogue(), model);
+  ASSIGN_OR_RETURN(const PopConfig pop_config, ParsePopConfig(pop, ""));
+  if (!(pop_config.ratio >= 0 && pop_config.ratio < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--pop ", pop, " is outside [0, 1)"));
+  }
   // The vocabulary check parsed both files' token tables (~100 MB of heap for Qwen's); this
   // process only supervises from here on, so hand the freed heap back.
   malloc_trim(0);

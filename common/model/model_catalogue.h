@@ -29,6 +29,10 @@ struct CatalogueModel {
   uint64_t bytes = 0;  // the whole file's size
   std::string sha256;  // lowercase hex
   std::string draft;   // the name of its draft model in the same catalogue; empty: none
+  // The POP ratio `tripod serve` prefills this model with unless told otherwise: "0" (the full
+  // model) or a ratio such as "1/3" or "0.25", chosen so the default loses at most 2% of the
+  // model's measured task score (docs/pop.md).
+  std::string pop;
   CatalogueParts parts;
 };
 
@@ -55,6 +59,10 @@ const ModelCatalogue& BuiltinModelCatalogue();
 // given a user's choice `draft` (tripod serve --draft_model): empty picks the catalogue's draft of
 // the target, "self" a self-draft; anything else is the user's name or path, returned as given.
 // The result is empty for a self-draft (the target's own first layers).
+// The POP ratio tripod serve uses for `target` (a catalogue name, or a path whose file is a
+// catalogue model's) when --pop is not given: the catalogue's, "0" for a model outside it.
+std::string DefaultPopFor(const ModelCatalogue& catalogue, std::string_view target);
+
 std::string DraftModelFor(const ModelCatalogue& catalogue, std::string_view target,
                           std::string_view draft);
 

@@ -47,8 +47,8 @@ def test_serve_starts_serves_restarts_and_stops():
                                          messages=[{"role": "user", "content": "Hello!"}])
       assert r.choices[0].message.content and r.usage.completion_tokens >= 1
 
-      # The draft worker serves the compression methods: SpecKV scores the pruned (POP 1/3)
-      # prefill worker's KV, the skipped layers too, and only the budget is sent.
+      # The draft worker serves the compression methods: SpecKV scores the prefill worker's KV
+      # and only the budget is sent.
       story = " ".join(f"Item {i} is a {w}." for i, w in
                        enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))
       r = client.completions.create(model=MODEL_NAME, prompt=story, max_tokens=4, temperature=0,
@@ -60,6 +60,10 @@ def test_serve_starts_serves_restarts_and_stops():
       kids = children(proc.pid)
       names = sorted(comm(k) for k in kids)
       assert names == ["tripod-decode", "tripod-draft", "tripod-prefill", "tripod-schedule"], names
+      # Without --pop the prefill worker loads the catalogue's ratio for the model: none.
+      prefill = next(k for k in kids if comm(k) == "tripod-prefill")
+      with open(f"/proc/{prefill}/cmdline", "rb") as f:
+        assert b"--pop_ratio=0\0" in f.read() + b"\0"
       decode = next(k for k in kids if comm(k) == "tripod-decode")
       os.kill(decode, signal.SIGKILL)
       # A new decode worker comes up on the same port; the scheduler routes to it again.

@@ -59,11 +59,23 @@ json Valid() {
     "default": "a",
     "models": {
       "a": {"file": "a.gguf", "bytes": 10, "sha256": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-            "draft": "b", "parts": {"count": 2, "package": "a-{n}", "version": "1", "member": "a{nn}.bin"}},
-      "b": {"file": "b.gguf", "bytes": 5, "sha256": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
+            "draft": "b", "pop": "1/3", "parts": {"count": 2, "package": "a-{n}", "version": "1", "member": "a{nn}.bin"}},
+      "b": {"file": "b.gguf", "bytes": 5, "sha256": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff", "pop": "0",
             "parts": {"count": 1, "package": "b", "version": "2", "member": "b/b.gguf"}}
     }
   })");
+}
+
+TEST(ModelCatalogueTest, DefaultPopIsTheCataloguesRatioOrNoneOutsideIt) {
+  absl::StatusOr<ModelCatalogue> c = ParseModelCatalogue(Valid().dump());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(DefaultPopFor(*c, "a"), "1/3");
+  EXPECT_EQ(DefaultPopFor(*c, "/models/a.gguf"), "1/3");
+  EXPECT_EQ(DefaultPopFor(*c, "b"), "0");
+  EXPECT_EQ(DefaultPopFor(*c, "/elsewhere/mine.gguf"), "0");
+  // Every built-in model states its ratio, and the real models' is measured: none prunes code.
+  for (const CatalogueModel& m : BuiltinModelCatalogue().models) EXPECT_FALSE(m.pop.empty());
+  EXPECT_EQ(DefaultPopFor(BuiltinModelCatalogue(), "qwen2.5-coder-1.5b-instruct"), "0");
 }
 
 TEST(ModelCatalogueTest, ParsesAValidCatalogue) {
@@ -106,6 +118,12 @@ TEST(ModelCatalogueTest, RefusesMalformedCatalogues) {
        "'sha256'"},
       {"draft names nothing", [](json& j) { j["models"]["a"]["draft"] = "c"; }, "'draft'"},
       {"its own draft", [](json& j) { j["models"]["a"]["draft"] = "a"; }, "'draft'"},
+      {"no pop", [](json& j) { j["models"]["a"].erase("pop"); }, "'pop'"},
+      {"pop of one", [](json& j) { j["models"]["a"]["pop"] = "1"; }, "'pop'"},
+      {"pop past one", [](json& j) { j["models"]["a"]["pop"] = "3/2"; }, "'pop'"},
+      {"negative pop", [](json& j) { j["models"]["a"]["pop"] = "-0.1"; }, "'pop'"},
+      {"pop of nothing", [](json& j) { j["models"]["a"]["pop"] = "1/0"; }, "'pop'"},
+      {"pop as a number", [](json& j) { j["models"]["a"]["pop"] = 0.25; }, "'pop'"},
       {"no parts", [](json& j) { j["models"]["a"].erase("parts"); }, "'parts'"},
       {"zero parts", [](json& j) { j["models"]["a"]["parts"]["count"] = 0; }, "'count'"},
       {"parts without {n}", [](json& j) { j["models"]["a"]["parts"]["package"] = "a"; }, "{n}"},
