@@ -24,6 +24,7 @@
 #include "common/model/chat_template.h"
 #include "common/model/gguf.h"
 #include "common/model/model_resolver.h"
+#include "common/model/tokenizer.h"
 #include "common/util/status_macros.h"
 #include "eval/longctx_eval.h"
 #include "nlohmann/json.hpp"
@@ -52,6 +53,9 @@ ABSL_FLAG(std::string, methods,
 ABSL_FLAG(std::string, tasks, "niah_single,niah_multikey,niah_multivalue,vt,cwe",
           "eval-longctx: tasks, comma-separated");
 ABSL_FLAG(int, trim_pool, 7, "eval-longctx: SpecKV and SnapKV's max-pool kernel over the scores");
+ABSL_FLAG(std::string, samples_out, "",
+          "eval-longctx: write the samples (chat-rendered prompt ids, answers, scoring) as JSON "
+          "lines to this file and evaluate nothing (bench/goodput.py serves them)");
 ABSL_FLAG(std::string, pop_rows, "on,off",
           "eval-longctx: the POP settings to run, comma-separated (on: the --pop ratio)");
 
@@ -174,6 +178,55 @@ absl::Status Merge() {
   return absl::OkStatus();
 }
 
+// --corpus, else data/corpus/eval.txt beside the bundled model's models/ folder.
+absl::StatusOr<std::string> ReadCorpus() {
+  std::string path = absl::GetFlag(FLAGS_corpus);
+  if (path.empty()) {
+    const std::string bundled = BundledModelPath();
+    path = bundled.substr(0, bundled.rfind("models/")) + "data/corpus/eval.txt";
+  }
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("eval-longctx: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The samples alone, for a server to be measured on: only the tokenizer and the chat template are
+// read, no weights. Sample i of (length, task) is the one the evaluation runs.
+absl::Status WriteSamples(const std::string& path, const std::vector<std::string>& tasks,
+                          const std::vector<int>& lengths, int samples) {
+  ASSIGN_OR_RETURN(const std::string model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
+  ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(model_path));
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromGguf(*gguf));
+  ASSIGN_OR_RETURN(std::string tmpl_text, gguf->GetString("tokenizer.chat_template"));
+  ASSIGN_OR_RETURN(const ChatTemplate chat, DetectChatTemplate(tmpl_text));
+  ASSIGN_OR_RETURN(const std::string text, ReadCorpus());
+  const LongCtxCorpus corpus = MakeLongCtxCorpus(text, *tokenizer);
+  std::ofstream out(path);
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  for (const int length : lengths) {
+    for (const std::string& task : tasks) {
+      for (int i = 0; i < samples; ++i) {
+        ASSIGN_OR_RETURN(const LongCtxSample s,
+                         MakeLongCtxSample(task, length, i, absl::GetFlag(FLAGS_seed), corpus,
+                                           *tokenizer, chat));
+        const nlohmann::json j = {{"task", s.task},
+                                  {"length", length},
+                                  {"sample", i},
+                                  {"prompt", s.prompt},
+                                  {"answers", s.answers},
+                                  {"recall", s.recall},
+                                  {"max_tokens", s.max_tokens}};
+        out << j.dump() << "\n";
+      }
+    }
+  }
+  out.flush();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status EvalLongCtxMain() {
@@ -206,6 +259,10 @@ absl::Status EvalLongCtxMain() {
   std::vector<bool> pops;
   for (const std::string& p : pop_names) pops.push_back(p == "on");
 
+  if (!absl::GetFlag(FLAGS_samples_out).empty()) {
+    return WriteSamples(absl::GetFlag(FLAGS_samples_out), tasks, lengths, samples);
+  }
+
   LongCtxOptions o;
   ASSIGN_OR_RETURN(o.model_path, ResolveModel(absl::GetFlag(FLAGS_model)));
   o.precision = absl::GetFlag(FLAGS_precision);
@@ -217,17 +274,8 @@ absl::Status EvalLongCtxMain() {
   if (absl::GetFlag(FLAGS_draft_layers) > 0) o.draft_layers = absl::GetFlag(FLAGS_draft_layers);
   ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
   ASSIGN_OR_RETURN(std::unique_ptr<LongCtxEvaluator> eval, LongCtxEvaluator::Create(o));
-  std::string corpus_path = absl::GetFlag(FLAGS_corpus);
-  if (corpus_path.empty()) {
-    // Beside the bundled model: <root>/models/... -> <root>/data/corpus/eval.txt.
-    const std::string bundled = BundledModelPath();
-    corpus_path = bundled.substr(0, bundled.rfind("models/")) + "data/corpus/eval.txt";
-  }
-  std::ifstream cf(corpus_path);
-  if (!cf) return absl::NotFoundError(absl::StrCat("eval-longctx: cannot read ", corpus_path));
-  std::stringstream text;
-  text << cf.rdbuf();
-  const LongCtxCorpus corpus = MakeLongCtxCorpus(text.str(), eval->tokenizer());
+  ASSIGN_OR_RETURN(const std::string text, ReadCorpus());
+  const LongCtxCorpus corpus = MakeLongCtxCorpus(text, eval->tokenizer());
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(eval->model_path()));
   ASSIGN_OR_RETURN(std::string tmpl_text, gguf->GetString("tokenizer.chat_template"));
   ASSIGN_OR_RETURN(const ChatTemplate chat, DetectChatTemplate(tmpl_text));
