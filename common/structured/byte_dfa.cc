@@ -243,9 +243,9 @@ class SubsetBuilder {
     dfa_.start = Intern(std::move(set));
     std::vector<int32_t> moved;
     for (size_t s = 0; s < sets_.size(); ++s) {
-      if ((s & 63) == 0 &&
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
-              limits_.max_seconds) {
+      // Checked at every state: one state's classes can cost a closure over the whole NFA each.
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() >
+          limits_.max_seconds) {
         return absl::ResourceExhaustedError(
             absl::StrCat("the pattern is too complex: its automaton took over ",
                          limits_.max_seconds, " s to build"));

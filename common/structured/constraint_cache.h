@@ -21,7 +21,9 @@ namespace tripod::structured {
 class ConstraintCache {
  public:
   // The tokenizer must outlive the cache; its trie is built on the first Get.
-  explicit ConstraintCache(const Tokenizer& tokenizer, size_t capacity = 64)
+  // At most capacity * TokenConstraint::kMaxCachedMasks masks live here (and in evicted
+  // constraints still in use).
+  explicit ConstraintCache(const Tokenizer& tokenizer, size_t capacity = 32)
       : tokenizer_(tokenizer), capacity_(capacity) {}
 
   // Errors: those of TokenConstraint::Compile (a refused pattern is not cached).

@@ -239,12 +239,23 @@ class SchemaCompiler {
     return static_cast<int>(it->get<int64_t>());
   }
 
-  absl::StatusOr<std::string> String(const Json& s, const std::string& path) {
-    absl::StatusOr<int> min = Count(s, "minLength", path, 0);
+  // {min, max} from a schema's pair of count keywords; max -1: unbounded.
+  absl::StatusOr<std::pair<int, int>> Bounds(const Json& s, const char* min_key,
+                                             const char* max_key, const std::string& path) {
+    absl::StatusOr<int> min = Count(s, min_key, path, 0);
     if (!min.ok()) return min.status();
-    absl::StatusOr<int> max = Count(s, "maxLength", path, -1);
+    absl::StatusOr<int> max = Count(s, max_key, path, -1);
     if (!max.ok()) return max.status();
-    if (*max >= 0 && *min > *max) return Invalid(path, "minLength is greater than maxLength");
+    if (*max >= 0 && *min > *max) {
+      return Invalid(path, absl::StrCat(min_key, " is greater than ", max_key));
+    }
+    return std::make_pair(*min, *max);
+  }
+
+  absl::StatusOr<std::string> String(const Json& s, const std::string& path) {
+    absl::StatusOr<std::pair<int, int>> bounds = Bounds(s, "minLength", "maxLength", path);
+    if (!bounds.ok()) return bounds.status();
+    const auto [min, max] = *bounds;
     if (auto p = s.find("pattern"); p != s.end()) {
       if (s.contains("minLength") || s.contains("maxLength")) {
         return Unsupported(path, "'pattern' together with minLength or maxLength");
@@ -270,15 +281,13 @@ class SchemaCompiler {
       const std::string any = absl::StrCat(kStringChar, "*");
       return absl::StrCat("\"", start ? "" : any, "(", pattern, ")", end ? "" : any, "\"");
     }
-    return absl::StrCat("\"", kStringChar, Quantifier(*min, *max), "\"");
+    return absl::StrCat("\"", kStringChar, Quantifier(min, max), "\"");
   }
 
   absl::StatusOr<std::string> Array(const Json& s, const std::string& path) {
-    absl::StatusOr<int> min = Count(s, "minItems", path, 0);
-    if (!min.ok()) return min.status();
-    absl::StatusOr<int> max = Count(s, "maxItems", path, -1);
-    if (!max.ok()) return max.status();
-    if (*max >= 0 && *min > *max) return Invalid(path, "minItems is greater than maxItems");
+    absl::StatusOr<std::pair<int, int>> bounds = Bounds(s, "minItems", "maxItems", path);
+    if (!bounds.ok()) return bounds.status();
+    const auto [min, max] = *bounds;
     std::string item;
     if (auto it = s.find("items"); it != s.end()) {
       absl::StatusOr<std::string> r = Value(*it, absl::StrCat(path, "/items"));
@@ -287,11 +296,11 @@ class SchemaCompiler {
     } else {
       item = AnyValue(kMaxAnyDepth - 1);
     }
-    if (*max == 0) return std::string(R"(\[\])");
-    const std::string more = absl::StrCat(
-        "(,", kWs, Group(item), ")", Quantifier(std::max(*min - 1, 0), *max < 0 ? -1 : *max - 1));
+    if (max == 0) return std::string(R"(\[\])");
+    const std::string more = absl::StrCat("(,", kWs, Group(item), ")",
+                                          Quantifier(std::max(min - 1, 0), max < 0 ? -1 : max - 1));
     const std::string items = absl::StrCat(Group(item), more);
-    return absl::StrCat(R"(\[)", *min > 0 ? items : absl::StrCat("(", items, ")?"), R"(\])");
+    return absl::StrCat(R"(\[)", min > 0 ? items : absl::StrCat("(", items, ")?"), R"(\])");
   }
 
   absl::StatusOr<std::string> Object(const Json& s, const std::string& path) {

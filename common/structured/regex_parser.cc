@@ -295,43 +295,21 @@ class Parser {
       *ranges = {{v, v}};
       return absl::OkStatus();
     };
+    // \d \w \s and their complements \D \W \S.
+    const Ranges* base = c == 'd' || c == 'D'   ? &kDigit
+                         : c == 'w' || c == 'W' ? &kWord
+                         : c == 's' || c == 'S' ? &kSpace
+                                                : nullptr;
+    if (base != nullptr) {
+      ++pos_;
+      *ranges = c >= 'a' ? *base : Complement(*base);
+      return absl::OkStatus();
+    }
+    constexpr std::string_view kControls = "n\nt\tr\rf\fv\va\a";  // letter, character
+    for (size_t i = 0; i < kControls.size(); i += 2) {
+      if (kControls[i] == c) return one(static_cast<unsigned char>(kControls[i + 1]));
+    }
     switch (c) {
-      case 'd':
-        ++pos_;
-        *ranges = kDigit;
-        return absl::OkStatus();
-      case 'D':
-        ++pos_;
-        *ranges = Complement(kDigit);
-        return absl::OkStatus();
-      case 'w':
-        ++pos_;
-        *ranges = kWord;
-        return absl::OkStatus();
-      case 'W':
-        ++pos_;
-        *ranges = Complement(kWord);
-        return absl::OkStatus();
-      case 's':
-        ++pos_;
-        *ranges = kSpace;
-        return absl::OkStatus();
-      case 'S':
-        ++pos_;
-        *ranges = Complement(kSpace);
-        return absl::OkStatus();
-      case 'n':
-        return one('\n');
-      case 't':
-        return one('\t');
-      case 'r':
-        return one('\r');
-      case 'f':
-        return one('\f');
-      case 'v':
-        return one('\v');
-      case 'a':
-        return one('\a');
       case 'x':
         return hex(2);
       case 'u':

@@ -111,12 +111,19 @@ int32_t TokenConstraint::Advance(int32_t state, int32_t token) const {
 const TokenMask& TokenConstraint::Mask(int32_t state) {
   const size_t slot = state < 0 ? dfa_.num_states() : static_cast<size_t>(state);
   MutexLock lock(&mu_);
-  std::unique_ptr<TokenMask>& m = masks_[slot];
-  if (m != nullptr) return *m;
+  std::unique_ptr<TokenMask>& cached = masks_[slot];
+  if (cached != nullptr) return *cached;
   // Computed under the lock: a state's first visit, once per constraint; sequences that need
-  // the same state would compute the same mask.
-  m = std::make_unique<TokenMask>();
-  WalkTrie(*trie_, dfa_, state, m.get());
+  // the same state would compute the same mask. Past the cap the mask is computed each time
+  // into this thread's scratch (valid until its next call), so memory stays bounded.
+  thread_local TokenMask scratch;
+  TokenMask* m = &scratch;
+  if (cached_masks_ < kMaxCachedMasks) {
+    cached = std::make_unique<TokenMask>();
+    m = cached.get();
+    ++cached_masks_;
+  }
+  WalkTrie(*trie_, dfa_, state, m);
   const bool ends_only = m->allowed == 0;
   if (ends_only || accepting(state)) {
     for (int32_t id : trie_->end_ids) {

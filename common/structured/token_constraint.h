@@ -71,9 +71,12 @@ class TokenConstraint {
   // The state after `token`; ByteDfa::kDead if its bytes leave the language (or it is an end
   // token: nothing follows an end).
   int32_t Advance(int32_t state, int32_t token) const;
-  // Computed on first use of the state, then cached; the reference stays valid as long as the
-  // constraint. A dead state allows the end tokens only.
+  // Computed on first use of the state, then cached (up to kMaxCachedMasks states: a mask is
+  // vocab/8 bytes, 19 KiB for a 151k vocabulary); the reference stays valid as long as the
+  // constraint, or, past the cap, until this thread's next Mask call. A dead state allows the
+  // end tokens only.
   const TokenMask& Mask(int32_t state);
+  static constexpr int kMaxCachedMasks = 1024;
 
   const ByteDfa& dfa() const { return dfa_; }
   const VocabularyTrie& trie() const { return *trie_; }
@@ -87,6 +90,7 @@ class TokenConstraint {
   std::shared_ptr<const VocabularyTrie> trie_;
   Mutex mu_;
   std::vector<std::unique_ptr<TokenMask>> masks_ ABSL_GUARDED_BY(mu_);  // per state, +1: dead
+  int cached_masks_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Per-sequence progress through a constraint.

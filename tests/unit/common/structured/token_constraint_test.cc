@@ -97,6 +97,31 @@ TEST(TokenConstraintTest, AdvanceFollowsTokenBytes) {
   EXPECT_EQ((*c)->Advance(s, tok.end_of_generation_ids()[0]), ByteDfa::kDead);
 }
 
+// Past kMaxCachedMasks states the masks are walked each time, into scratch, and stay right.
+TEST(TokenConstraintTest, MasksPastTheCacheCapStayCorrect) {
+  auto c = TokenConstraint::Compile("a{1000}b{200}", TestTrie());
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_GT((*c)->dfa().num_states(), TokenConstraint::kMaxCachedMasks + 100);
+  const VocabularyTrie& t = *TestTrie();
+  int32_t a = -1, b = -1;
+  for (int32_t id = 0; id < t.vocab_size; ++id) {
+    if (t.token_bytes[id] == "a") a = id;
+    if (t.token_bytes[id] == "b") b = id;
+  }
+  ASSERT_GE(a, 0);
+  ASSERT_GE(b, 0);
+  int32_t s = (*c)->start();
+  for (int i = 0; i < 1200; ++i) {
+    const TokenMask& m = (*c)->Mask(s);
+    const bool in_a = i < 1000;
+    ASSERT_EQ(m.Allows(a), in_a) << i;
+    ASSERT_EQ(m.Allows(b), !in_a) << i;
+    s = (*c)->Advance(s, in_a ? a : b);
+  }
+  EXPECT_TRUE((*c)->accepting(s));
+  EXPECT_TRUE((*c)->Mask(s).ends_only);
+}
+
 TEST(ConstraintCacheTest, SharesCompiledConstraintsAndRefusesBadOnes) {
   ConstraintCache cache(TestTokenizer(), /*capacity=*/2);
   auto a = cache.Get("a+");
