@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <random>
+#include <thread>
 
 #include "common/model/gguf.h"
 #include "common/model/sampler.h"
@@ -137,12 +137,37 @@ TEST(ConstraintCacheTest, SharesCompiledConstraintsAndRefusesBadOnes) {
   EXPECT_EQ(cache.Get("a(?=b)").status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// Sequences on several threads share the cache and the constraints' masks (the decode engine
+// samples in parallel; the service compiles on gRPC's threads).
+TEST(ConstraintCacheTest, ConcurrentGetsAndMasksAgree) {
+  ConstraintCache cache(TestTokenizer(), /*capacity=*/4);
+  const std::vector<std::string> patterns = {R"([a-z]{1,12}@[a-z]+\.com)", R"((yes|no)!)",
+                                             R"(\{"k": ?[0-9]{1,4}\})"};
+  std::vector<std::vector<int>> allowed(4);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 3; ++round) {
+        for (const std::string& p : patterns) {
+          auto c = cache.Get(p);
+          ASSERT_TRUE(c.ok());
+          const ByteDfa& dfa = (*c)->dfa();
+          for (int32_t s = 0; s < dfa.num_states(); ++s) {
+            if (round == 2) allowed[t].push_back((*c)->Mask(s).allowed);
+            (*c)->Mask(s);
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 1; t < 4; ++t) EXPECT_EQ(allowed[t], allowed[0]);
+}
+
 TEST(MaskedSamplerTest, DrawsOnlyAllowedTokensWithMaskedLogprobs) {
   const int32_t n = 1000;
-  std::vector<float> logits(n);
-  std::mt19937 rng(5);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (float& l : logits) l = normal(rng);
+  std::vector<float> logits(n);  // spread over [-6, 6], in no order
+  for (int32_t i = 0; i < n; ++i) logits[i] = 6.0f * std::sin(0.37f * i * i + 1.3f * i);
   std::vector<uint64_t> mask((n + 63) / 64, 0);
   const std::vector<int32_t> allowed = {3, 64, 65, 500, 999};
   for (int32_t id : allowed) mask[id / 64] |= uint64_t{1} << (id % 64);
