@@ -45,6 +45,10 @@ ABSL_FLAG(int, prefix_tokens, 2048, "prompt length of the prefix-cache line (0: 
 ABSL_FLAG(int, step_tokens, 512, "max tokens per step (the engine's default: 256)");
 ABSL_FLAG(int, block_tokens, 16, "KV block size");
 ABSL_FLAG(int, kv_budget_mb, 2048, "KV cache budget (MiB)");
+ABSL_FLAG(std::string, structured_regex, "",
+          "constrain every timed request to fullmatch this regex (a structured output, "
+          "common/structured; e.g. '[^#]*#', which leaves most tokens allowed and ends only "
+          "after a '#'): its cost against a run without");
 ABSL_FLAG(std::string, isa, "",
           "cap the kernels' instruction set (avx2, avx512): an AVX2-only CPU's paths on this one");
 
@@ -107,6 +111,16 @@ int Run() {
     if (!e.Submit(std::move(r)).ok() || !e.RunUntilIdle().ok()) return 1;
   }
 
+  std::shared_ptr<structured::TokenConstraint> constraint;
+  if (const std::string rx = absl::GetFlag(FLAGS_structured_regex); !rx.empty()) {
+    absl::StatusOr<std::shared_ptr<structured::TokenConstraint>> tc = e.CompileConstraint(rx);
+    if (!tc.ok()) {
+      std::fprintf(stderr, "decode: --structured_regex: %s\n", tc.status().ToString().c_str());
+      return 1;
+    }
+    constraint = *std::move(tc);
+  }
+
   for (int C : concurrency) {
     std::deque<Seq> seqs(C);
     double window_start = 0, window_end = 0, first_token = 0, last_finish = 0;
@@ -119,6 +133,7 @@ int Run() {
       r.sampling.temperature = 0;
       r.max_tokens = new_n;
       r.ignore_eos = true;
+      r.constraint = constraint;  // an end token ends a constrained request, ignore_eos or not
       Seq* s = &seqs[i];
       r.on_event = [&, s](const TokenEvent& ev) {
         const double t = Now();
@@ -169,13 +184,14 @@ int Run() {
         "\"window\":\"%s\",\"window_tokens\":%lld,\"window_s\":%.3f,\"prompt_tokens\":%d,"
         "\"new_tokens\":%d,"
         "\"steps\":%lld,\"forward_s\":%.3f,\"step_s\":%.3f,\"precision\":\"%s\",\"kv_cache_dtype\":"
-        "\"%s\",\"threads\":%d,\"isa\":\"%s\"}\n",
+        "\"%s\",\"threads\":%d,\"isa\":\"%s\",\"structured\":%s}\n",
         C, window > 0 ? window_tokens / window : 0.0, mean, p99, used, theory,
         all_decoding ? "all_decoding" : "first_token_to_last_finish",
         static_cast<long long>(window_tokens), window, prompt_n, new_n,
         static_cast<long long>(after.steps - before.steps),
         after.forward_seconds - before.forward_seconds, after.step_seconds - before.step_seconds,
-        o.precision.c_str(), KvDtypeName(layout.dtype), ComputeThreads(), IsaName(ActiveIsa()));
+        o.precision.c_str(), KvDtypeName(layout.dtype), ComputeThreads(), IsaName(ActiveIsa()),
+        constraint != nullptr ? "true" : "false");
     std::fflush(stdout);
   }
 

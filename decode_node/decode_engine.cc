@@ -40,6 +40,14 @@ struct DecodeEngine::Sequence {
         sampler(req.sampling, vocab),
         decoder(tok, req.continuation),
         stop(req.stop) {
+    if (req.constraint != nullptr) {
+      constraint_state = req.constraint->start();
+      const size_t n = req.prompt.size();
+      const size_t k = std::min<size_t>(std::max(req.constraint_generated, 0), n);
+      for (size_t i = n - k; i < n && constraint_state >= 0; ++i) {
+        constraint_state = req.constraint->Advance(constraint_state, req.prompt[i]);
+      }
+    }
     if (req.min_tokens > 0) {
       held_back = req.stop_token_ids;
       if (!req.ignore_eos) {
@@ -53,7 +61,8 @@ struct DecodeEngine::Sequence {
   Sampler sampler;
   StreamingDecoder decoder;
   StopMatcher stop;
-  std::vector<int32_t> held_back;  // kept out of the draw before min_tokens
+  std::vector<int32_t> held_back;                         // kept out of the draw before min_tokens
+  int32_t constraint_state = structured::ByteDfa::kDead;  // with req.constraint
   int n_generated = 0;
   double submitted = 0;   // Now() at Submit
   double first_run = -1;  // Now() when first scheduled
@@ -79,6 +88,7 @@ absl::StatusOr<std::unique_ptr<DecodeEngine>> DecodeEngine::Create(
   const std::string path = options.model_path.empty() ? BundledModelPath() : options.model_path;
   ASSIGN_OR_RETURN(e->model_, LoadModel(path, *e->backend_));
   ASSIGN_OR_RETURN(e->tokenizer_, Tokenizer::FromGguf(*e->model_->gguf));
+  e->constraints_ = std::make_unique<structured::ConstraintCache>(*e->tokenizer_);
   const ModelConfig& c = e->model_->config;
   if (!e->model_->output) {
     return absl::FailedPreconditionError("decode engine: the model has no output head");
@@ -119,6 +129,11 @@ DecodeEngine::~DecodeEngine() {
   }
   for (const auto& [kv, r] : reservations_) cache_->FreeSequence(kv);
   reservations_.clear();
+}
+
+absl::StatusOr<std::shared_ptr<structured::TokenConstraint>> DecodeEngine::CompileConstraint(
+    std::string_view regex) {
+  return constraints_->Get(regex);
 }
 
 absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
@@ -446,8 +461,10 @@ void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
   ev.logprob = st.logprob;
   ev.top_logprobs = std::move(st.top);
   s.sched.tokens.push_back(st.id);
+  const bool constrained = s.req.constraint != nullptr;
+  if (constrained) s.constraint_state = s.req.constraint->Advance(s.constraint_state, st.id);
 
-  if (!s.req.ignore_eos && tokenizer_->IsEndOfGeneration(st.id)) {
+  if ((!s.req.ignore_eos || constrained) && tokenizer_->IsEndOfGeneration(st.id)) {
     // The end token's own text is not streamed; what was held back for a stop string is.
     ev.text = s.stop.Push(s.decoder.Flush()).text;
     ev.text += s.stop.Flush();
@@ -588,9 +605,11 @@ absl::Status DecodeEngine::Step() {
         Sequence& s = *sampling_[i].seq;
         std::span<const int32_t> suppress;
         if (s.n_generated < s.req.min_tokens) suppress = s.held_back;
+        std::span<const uint64_t> allowed;
+        if (s.req.constraint != nullptr) allowed = s.req.constraint->Mask(s.constraint_state).bits;
         sampling_[i].token =
             s.sampler.Sample(std::span<const float>(sampling_[i].logits, vocab), s.sched.tokens,
-                             static_cast<size_t>(s.sched.n_prompt), suppress);
+                             static_cast<size_t>(s.sched.n_prompt), suppress, allowed);
       }
     });
     for (SampledSeq& ss : sampling_) EmitToken(*ss.seq, std::move(ss.token));

@@ -36,6 +36,7 @@
 #include "common/kv/paged_kv_cache.h"
 #include "common/kv_transfer/kv_reservation.h"
 #include "common/model/tokenizer.h"
+#include "common/structured/constraint_cache.h"
 #include "common/util/mutex.h"
 #include "decode_node/batch_scheduler.h"
 #include "decode_node/request.h"
@@ -105,6 +106,12 @@ class DecodeEngine {
   absl::StatusOr<int64_t> Submit(DecodeRequest request);
   // Submit's checks alone (INVALID_ARGUMENT saying what is wrong). Thread-safe.
   absl::Status Validate(const DecodeRequest& request) const;
+  // A structured-output constraint for DecodeRequest::constraint, compiled from the regex the
+  // output must fullmatch, or found among those compiled before (a bounded cache keyed by the
+  // text: this engine has one model). Errors are the pattern's (INVALID_ARGUMENT,
+  // UNIMPLEMENTED, RESOURCE_EXHAUSTED). Thread-safe.
+  absl::StatusOr<std::shared_ptr<structured::TokenConstraint>> CompileConstraint(
+      std::string_view regex);
   // Ends a request at the next step boundary: blocks freed, a kCancelled event. Unknown or
   // finished ids are ignored. Thread-safe.
   void Cancel(int64_t id);
@@ -187,6 +194,7 @@ class DecodeEngine {
   ForwardPlan plan_;
   SchedulerConfig sched_config_;
   int context_ = 0;
+  std::unique_ptr<structured::ConstraintCache> constraints_;  // thread-safe
 
   // Engine thread only.
   absl::flat_hash_map<int64_t, std::unique_ptr<Sequence>> seqs_;

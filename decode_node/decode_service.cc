@@ -334,6 +334,19 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
     }
     r.pop_control = *std::move(pc);
   }
+  if (req->has_constraint() && !req->constraint().regex().empty()) {
+    // Compiled here, on the call's thread, not the engine's: a new pattern costs milliseconds
+    // (the masks come later, one per automaton state, as the steps reach them).
+    absl::StatusOr<std::shared_ptr<structured::TokenConstraint>> c =
+        engine_.CompileConstraint(req->constraint().regex());
+    if (!c.ok()) {
+      call->Reject(absl::InvalidArgumentError(
+          absl::StrCat("request: structured output: ", c.status().message())));
+      return reactor;
+    }
+    r.constraint = *std::move(c);
+    r.constraint_generated = req->constraint().generated();
+  }
   if (absl::Status v = engine_.Validate(r); !v.ok()) {
     call->Reject(v);
     return reactor;

@@ -11,6 +11,7 @@
 #include "common/compute/pop_control.h"
 #include "common/kv/kv_snapshot.h"
 #include "common/model/sampler.h"
+#include "common/structured/token_constraint.h"
 
 namespace tripod {
 
@@ -79,6 +80,13 @@ struct DecodeRequest {
   // A POP control (tripod.pop_variant; common/compute/pop_control.h): this sequence's rows run
   // the control's plans instead of the engine's full one. Inactive: the engine's plan, as before.
   PopControl pop_control;
+  // A structured output (common/structured): every generated token keeps the text on a path to
+  // a full match of the constraint; the end-of-generation tokens only where it is complete, and
+  // one ends the request even with ignore_eos. Null: unconstrained.
+  std::shared_ptr<structured::TokenConstraint> constraint;
+  // The prompt's last constraint_generated tokens are this request's earlier output (a
+  // migration's continuation): the constraint starts after them.
+  int constraint_generated = 0;
   TokenCallback on_event;  // may be empty
 };
 

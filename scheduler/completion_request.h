@@ -77,6 +77,9 @@ struct CompletionRequest {
   std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;
+  // A structured output (response_format, guided_*; scheduler/structured_output.h): the regex
+  // the whole output must match, checked. Empty: none.
+  std::string output_regex;
 
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -33,6 +33,7 @@ struct PreparedRequest {
   std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;
+  std::string output_regex;  // CompletionRequest's: the structured output's; empty: none
   PopChoice pop;
   MethodChoice method;
 };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "scheduler/draft_methods.h"
+#include "scheduler/structured_output.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -343,14 +344,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body) {
                                        "server has no tool calling)"),
                           key);
   }
-  auto rf = body.find("response_format");
-  if (rf != body.end() && !rf->is_null()) {
-    const bool text = rf->is_object() && rf->contains("type") && (*rf)["type"] == "text";
-    if (!text) {
-      return InvalidRequest("'response_format' is not supported (only {\"type\": \"text\"})",
-                            "response_format");
-    }
-  }
+  // response_format and vLLM's guided_* fields: scheduler/structured_output.h.
   return std::nullopt;
 }
 
@@ -611,7 +605,16 @@ ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind 
   if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
   RawRequest raw;
   API_RETURN_IF_ERROR(FillFromJson(std::get<json>(parsed), kind, &raw));
-  return BuildRequest(std::move(raw));
+  std::string output_regex;
+  if (HasStructuredOutput(std::get<json>(parsed))) {
+    // Parsed again keeping the key order, which a schema's properties are generated in.
+    ApiResult<std::string> r = ParseStructuredOutput(nlohmann::ordered_json::parse(body));
+    if (auto* e = std::get_if<ApiError>(&r)) return *std::move(e);
+    output_regex = std::get<std::string>(std::move(r));
+  }
+  ApiResult<CompletionRequest> req = BuildRequest(std::move(raw));
+  if (auto* r = std::get_if<CompletionRequest>(&req)) r->output_regex = std::move(output_regex);
+  return req;
 }
 
 ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& p) {

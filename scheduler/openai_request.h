@@ -25,9 +25,9 @@
 //                      stops at any of them (its text kept unless it is a control token)
 //   min_tokens         vLLM's: 0..max_tokens; no end-of-generation or stop token before
 //                      (stop strings still apply)
-//   echo               only false; suffix only empty; tools only empty;
-//                      response_format only {"type":"text"}: we would otherwise silently ignore
-//                      what the client asked for
+//   echo               only false; suffix only empty; tools only empty
+//   response_format, guided_json, guided_regex, guided_choice, structured_outputs
+//                      structured outputs, at most one (scheduler/structured_output.h)
 //   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos
 //   tripod             {"pop": "off" | "on" | "" | ratio ("1/3", "0.25", or a number) in [0, 1),
 //                       "pop_variant": "" | "pop" | "noboundary" | "nokv" | "shortgpt" (POP's

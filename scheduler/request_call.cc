@@ -321,6 +321,11 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
                                      request_.stop_token_ids.end());
   g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
   g.set_ignore_eos(request_.ignore_eos);
+  if (!request_.output_regex.empty()) {
+    // A migrated request's new worker walks the constraint over what was streamed first.
+    g.mutable_constraint()->set_regex(request_.output_regex);
+    g.mutable_constraint()->set_generated(static_cast<int>(generated_.size()));
+  }
   if (request_.pop.control()) {
     // The decode worker runs the control's plans on its rows, whoever prefilled the prompt.
     v1::PopControlSpec& pc = *g.mutable_pop_control();

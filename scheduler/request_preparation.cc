@@ -113,6 +113,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   }
   p.min_tokens = request.min_tokens;
   p.ignore_eos = request.ignore_eos;
+  p.output_regex = request.output_regex;
   p.pop = request.pop;
   p.method = request.method;
   return p;

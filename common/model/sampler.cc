@@ -246,6 +246,19 @@ void Sampler::FillTopLogprobs(double log_sum_exp, SampledToken* out) {
   }
 }
 
+void Sampler::ApplyMask(std::span<const uint64_t> allowed) {
+  // Word by word: a structured output's masks are mostly all-ones or all-zeros words.
+  const size_t n = work_.size();
+  for (size_t w = 0; w * 64 < n; ++w) {
+    const uint64_t bits = w < allowed.size() ? allowed[w] : 0;
+    if (bits == ~uint64_t{0}) continue;
+    const size_t end = std::min(n, w * 64 + 64);
+    for (size_t i = w * 64; i < end; ++i) {
+      if (!((bits >> (i - w * 64)) & 1)) work_[i] = kNegInf;
+    }
+  }
+}
+
 double Sampler::UniformDouble() {
   // 53 random bits; std::uniform_real_distribution is not pinned down by the standard.
   return static_cast<double>(rng_() >> 11) * 0x1.0p-53;
@@ -293,7 +306,8 @@ int32_t Sampler::Draw(float max_logit) {
 }
 
 SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int32_t> history,
-                             size_t output_start, std::span<const int32_t> suppress) {
+                             size_t output_start, std::span<const int32_t> suppress,
+                             std::span<const uint64_t> allowed) {
   SampledToken out{-1, kNegInf, {}};
   const size_t n = logits.size();
   if (n == 0) return out;
@@ -307,12 +321,16 @@ SampledToken Sampler::Sample(std::span<const float> logits, std::span<const int3
     if (id >= 0 && static_cast<size_t>(id) < n) work_[id] = kNegInf;
   }
   ApplyPenalties(history, output_start);
+  if (!allowed.empty()) ApplyMask(allowed);
 
-  const size_t argmax = ArgMax(work_);
+  size_t argmax = ArgMax(work_);
   float max_logit = work_[argmax];
   if (max_logit == kNegInf) {
-    // Nothing is possible; treat every id as equally likely rather than failing.
+    // Nothing is possible; treat every id (every allowed one) as equally likely rather than
+    // failing.
     std::fill(work_.begin(), work_.end(), 0.0f);
+    if (!allowed.empty()) ApplyMask(allowed);
+    argmax = ArgMax(work_);
     max_logit = 0.0f;
   }
   exp_.resize(n);

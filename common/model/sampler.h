@@ -80,8 +80,13 @@ class Sampler {
   // equally likely. Empty logits give id -1.
   // suppress: ids that must not be drawn this time (their logits -inf after the bias; vLLM's
   // min_tokens keeps the end-of-generation and stop tokens out this way).
+  // allowed: empty, or a bitmask over the ids (bit id % 64 of word id / 64; a structured
+  // output's token mask): ids outside it are -inf after the bias, so the log-probabilities are
+  // those of the masked distribution (as vLLM reports them). Should the mask and `suppress`
+  // leave nothing, the draw is uniform over the mask rather than over every id.
   SampledToken Sample(std::span<const float> logits, std::span<const int32_t> history,
-                      size_t output_start = 0, std::span<const int32_t> suppress = {});
+                      size_t output_start = 0, std::span<const int32_t> suppress = {},
+                      std::span<const uint64_t> allowed = {});
 
   const SamplingParams& params() const { return params_; }
   int32_t vocab_size() const { return vocab_size_; }
@@ -93,6 +98,7 @@ class Sampler {
   };
 
   void ApplyPenalties(std::span<const int32_t> history, size_t output_start);
+  void ApplyMask(std::span<const uint64_t> allowed);  // ids outside it -> -inf
   // The min(k, vocab) best of work_ into *best, best first (logit desc, id asc).
   void BestK(size_t k, std::vector<Candidate>* best) const;
   void FillTopLogprobs(double log_sum_exp, SampledToken* out);

@@ -75,6 +75,8 @@ class Tokenizer {
   std::string Decode(std::span<const int32_t> ids) const;
   std::string_view TokenText(int32_t id) const;  // the raw vocabulary piece, "" if out of range
   TokenType token_type(int32_t id) const;
+  // Bytes token `id` stands for in decoded text ("" for an unknown id).
+  std::string_view DecodedPiece(int32_t id) const;
 
   int32_t bos_id() const { return bos_id_; }
   int32_t eos_id() const { return eos_id_; }
@@ -95,8 +97,6 @@ class Tokenizer {
   friend class StreamingDecoder;
   Tokenizer() = default;
   absl::Status Init(TokenizerVocab vocab);
-  // Bytes token `id` stands for in decoded text ("" for an unknown id).
-  std::string_view DecodedPiece(int32_t id) const;
   bool strips_leading_space() const {
     return kind_ == TokenizerKind::kSentencePieceBpe && add_space_prefix_;
   }

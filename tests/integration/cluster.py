@@ -316,6 +316,22 @@ class Cluster:
       wait_until(lambda: w.http_get("/health")[0] == 200, 60, "scheduler ready")
     return w
 
+  def api(self, **scheduler_args):
+    """The API tests' cluster, as self.p, self.d, self.s: a prefill worker with the full weights
+    (it runs any plan: POP off for exactness checks), an fp32 decode worker, and a scheduler
+    that sends prompts over 8 tokens through both."""
+    self.p = self.prefill(precision="fp32", pop_ratio="0")
+    self.d = self.decode(precision="fp32", kv_budget_mb=256)
+    self.s = self.scheduler(prefill=[self.p], decode=[self.d], direct_prefill_tokens=8,
+                            max_inflight=64, **scheduler_args)
+    return self
+
+
+def openai_client(url, timeout=300):
+  """The official client on a scheduler's URL (http://host:port), without retries."""
+  import openai  # only the API tests need it
+  return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=timeout)
+
 
 def sampling(temperature=0.0, **kw):
   return pb.SamplingParams(temperature=temperature, **kw)

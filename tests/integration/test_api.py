@@ -17,8 +17,8 @@ import grpc
 import openai
 import pytest
 
-from cluster import (Cluster, all_blocks_free, corpus_prompt, cpb, reference_tokens, wait_until,
-                     MODEL)
+from cluster import (Cluster, all_blocks_free, corpus_prompt, cpb, openai_client,
+                     reference_tokens, wait_until, MODEL)
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 
@@ -26,20 +26,13 @@ MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 @pytest.fixture(scope="module")
 def cluster():
   with Cluster() as c:
-    # A prefill worker with the full weights runs any plan: POP off for the exactness checks,
-    # the scheduler's default 1/3 otherwise.
-    prefill = c.prefill(precision="fp32", pop_ratio="0")
-    decode = c.decode(precision="fp32", kv_budget_mb=256)
-    sched = c.scheduler(prefill=[prefill], decode=[decode], direct_prefill_tokens=8,
-                        max_inflight=64, pop="1/3")
-    c.p, c.d, c.s = prefill, decode, sched
-    yield c
+    # POP off for the exactness checks (per request), the scheduler's default 1/3 otherwise.
+    yield c.api(pop="1/3")
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
-  return openai.OpenAI(base_url=cluster.s.url + "/v1", api_key="unused", max_retries=0,
-                       timeout=300)
+  return openai_client(cluster.s.url)
 
 
 def detokenize(sched, ids):

@@ -567,5 +567,69 @@ TEST_F(DecodeEngineTest, BackgroundLoopServesConcurrentSubmitters) {
   for (int i = 0; i < 3; ++i) EXPECT_EQ(streams[i].tokens, ref[i]);
 }
 
+// A structured output in the continuous batch: the constrained sequences' text fullmatches
+// their pattern (greedy and sampled) and ends with an end token where the pattern is complete;
+// the unconstrained sequences beside them keep their tokens.
+TEST_F(DecodeEngineTest, ConstrainedSequencesMatchTheirPatternOthersUnchanged) {
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  const std::string regex = R"((yes|no), [0-9]{2,4} (apples|pears)!)";
+  auto c = e->CompileConstraint(regex);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(e->CompileConstraint(regex)->get(), c->get());  // cached
+  std::deque<Stream> free(kLengths.size()), constrained(4);
+  for (size_t i = 0; i < kLengths.size(); ++i) {
+    ASSERT_TRUE(e->Submit(Greedy(RandomPrompt(kLengths[i], 100 + i), kNewTokens, &free[i])).ok());
+  }
+  for (size_t i = 0; i < constrained.size(); ++i) {
+    DecodeRequest r = Greedy(RandomPrompt(20 + 7 * i, 300 + i), 40, &constrained[i]);
+    r.ignore_eos = false;
+    if (i % 2 == 1) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.seed = i;
+      r.sampling.top_logprobs = 3;
+    }
+    r.constraint = *c;
+    ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  }
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  const std::vector<std::vector<int32_t>> alone = AloneTokens();
+  for (size_t i = 0; i < kLengths.size(); ++i) EXPECT_EQ(free[i].tokens, alone[i]) << i;
+  for (size_t i = 0; i < constrained.size(); ++i) {
+    const Stream& s = constrained[i];
+    EXPECT_EQ(s.finish, FinishReason::kStop) << i << ": " << s.text;
+    EXPECT_TRUE((*c)->dfa().FullMatch(s.text)) << i << ": " << s.text;
+    EXPECT_TRUE(e->tokenizer().IsEndOfGeneration(s.tokens.back()));
+    for (const TokenEvent& ev : s.events) {
+      // Reported after the mask: the alternatives are allowed tokens, so their mass is <= 1.
+      double mass = 0;
+      for (const TokenLogprob& lp : ev.top_logprobs) mass += std::exp(lp.logprob);
+      EXPECT_LE(mass, 1.0 + 1e-4);
+    }
+  }
+  ExpectAllFree(*e);
+}
+
+// A continuation (a migrated request) walks the constraint over its earlier output first.
+TEST_F(DecodeEngineTest, ConstrainedContinuationStartsAfterItsEarlierOutput) {
+  auto e = NewEngine(Options());
+  ASSERT_NE(e, nullptr);
+  auto c = e->CompileConstraint(R"(abc[0-9]{3})");
+  ASSERT_TRUE(c.ok());
+  std::vector<int32_t> prompt = RandomPrompt(12, 7);
+  const std::vector<int32_t> earlier = e->tokenizer().Encode("abc");
+  prompt.insert(prompt.end(), earlier.begin(), earlier.end());
+  Stream s;
+  DecodeRequest r = Greedy(prompt, 20, &s);
+  r.ignore_eos = false;
+  r.continuation = true;
+  r.constraint = *c;
+  r.constraint_generated = static_cast<int>(earlier.size());
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(s.finish, FinishReason::kStop);
+  EXPECT_TRUE((*c)->dfa().FullMatch("abc" + s.text)) << s.text;
+}
+
 }  // namespace
 }  // namespace tripod
