@@ -171,6 +171,9 @@ class DecodeEngine {
   void UpdateGauges();  // the "now" fields of stats_
   // Ends a sequence: event, blocks freed, forgotten.
   void Finish(Sequence& s, TokenEvent event);
+  // Makes a sequence's other choices (DecodeRequest::n) once its prompt ran: each a sequence on
+  // a fork of its KV, queued for sampling from the same logits row this step (engine thread).
+  void ForkChoices(Sequence& parent, const float* logits);
   // Streams a sequence's sampled token (and ends the sequence where it stops).
   void EmitToken(Sequence& s, SampledToken token);
   void Loop();

@@ -78,6 +78,10 @@ struct CompletionRequest {
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;
 
+  // Choices returned and candidates generated (choices.h): 1 <= n <= best_of.
+  int n = 1;
+  int best_of = 1;
+
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 
