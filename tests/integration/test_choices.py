@@ -27,7 +27,7 @@ def cluster():
     prefill = c.prefill(precision="fp32", pop_ratio="0")
     decode = c.decode(precision="fp32", kv_budget_mb=256)
     sched = c.scheduler(prefill=[prefill], decode=[decode], direct_prefill_tokens=8,
-                        max_inflight=64, pop="off", max_n=MAX_N)
+                        max_inflight=64, pop="0", max_n=MAX_N)
     c.p, c.d, c.s = prefill, decode, sched
     yield c
 
