@@ -10,6 +10,8 @@
 #include <set>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "common/util/mutex.h"
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "tests/unit/decode_node/random_prompt.h"
@@ -210,6 +212,46 @@ TEST_F(DecodeChoicesTest, PreemptedChoicesKeepTheirTokens) {
   ASSERT_TRUE(e->RunUntilIdle().ok());
   EXPECT_GT(e->stats().preemptions, 0);
   for (int c = 0; c < 4; ++c) EXPECT_EQ(four.tokens[c], one.tokens[0]) << "choice " << c;
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeChoicesTest, BackgroundLoopCancelsEveryChoiceFromAnotherThread) {
+  auto e = NewEngine();
+  ASSERT_NE(e, nullptr);
+  e->Start();
+  Mutex mu;
+  Choices out;
+  int tokens = 0, finals = 0;
+  DecodeRequest r = Request(RandomPrompt(30, 4), 3, 4000, &out);
+  TokenCallback record = r.on_event;
+  r.on_event = [&](const TokenEvent& ev) {
+    MutexLock lock(&mu);
+    record(ev);
+    tokens += ev.token >= 0;
+    finals += ev.finish != FinishReason::kNone;
+  };
+  absl::StatusOr<int64_t> id = e->Submit(std::move(r));
+  ASSERT_TRUE(id.ok());
+  const absl::Time until = absl::Now() + absl::Seconds(120);
+  while (absl::Now() < until) {
+    {
+      MutexLock lock(&mu);
+      if (tokens >= 9) break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  e->Cancel(*id);
+  while (absl::Now() < until) {
+    {
+      MutexLock lock(&mu);
+      if (finals == 3) break;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  e->Stop();
+  MutexLock lock(&mu);
+  EXPECT_EQ(finals, 3);
+  for (int c = 0; c < 3; ++c) EXPECT_EQ(out.finish[c], FinishReason::kCancelled);
   ExpectAllFree(*e);
 }
 
