@@ -6,6 +6,9 @@
 // thread-safe; the cache, the forward and the callbacks run on the engine's thread only (the
 // background loop of Start(), or the caller of Step / RunUntilIdle when there is none).
 //
+// A request of n choices (DecodeRequest::n) runs its prompt once; once the prompt's last token
+// ran, ForkChoices makes the other choices, sequences on forks of its KV (PagedKvCache::Fork).
+//
 // With precision "fp32" the backend runs batch-invariant kernels, so a sequence's greedy tokens
 // are the same whatever it is batched with, however its prompt is chunked, and after preemption.
 //
