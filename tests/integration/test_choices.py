@@ -8,14 +8,13 @@ and the choices decode on one decode worker from its shared KV. Exactness: with 
 
 import json
 import os
-import socket
 import time
 
 import openai
 import pytest
 
-from cluster import (Cluster, Serve, all_blocks_free, corpus_prompt, reference_tokens,
-                     wait_until, MODEL)
+from cluster import (Cluster, Serve, all_blocks_free, corpus_prompt, detokenize, open_sse,
+                     reference_tokens, wait_until, MODEL)
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 MAX_N = 8
@@ -24,24 +23,17 @@ MAX_N = 8
 @pytest.fixture(scope="module")
 def cluster():
   with Cluster() as c:
-    prefill = c.prefill(precision="fp32", pop_ratio="0")
-    decode = c.decode(precision="fp32", kv_budget_mb=256)
-    sched = c.scheduler(prefill=[prefill], decode=[decode], direct_prefill_tokens=8,
-                        max_inflight=64, pop="0", max_n=MAX_N)
-    c.p, c.d, c.s = prefill, decode, sched
+    c.p = c.prefill(precision="fp32", pop_ratio="0")
+    c.d = c.decode(precision="fp32", kv_budget_mb=256)
+    # Prompts of 8 tokens or more go through the prefill worker.
+    c.s = c.scheduler(prefill=[c.p], decode=[c.d], direct_prefill_tokens=8, pop="0", max_n=MAX_N)
     yield c
 
 
 @pytest.fixture(scope="module")
 def client(cluster):
-  return openai.OpenAI(base_url=cluster.s.url + "/v1", api_key="unused", max_retries=0,
+  return openai.OpenAI(base_url=f"{cluster.s.url}/v1", api_key="unused", max_retries=0,
                        timeout=300)
-
-
-def detokenize(sched, ids):
-  status, body, _ = sched.http("POST", "/detokenize", {"tokens": ids})
-  assert status == 200, body
-  return json.loads(body)["prompt"]
 
 
 # 40 tokens go through the prefill worker (disaggregated), 5 straight to the decode worker.
@@ -189,16 +181,9 @@ def test_refusals_name_their_param(cluster, extra, param):
 
 
 def test_client_hangup_ends_every_choice(cluster):
-  body = json.dumps({"model": MODEL_NAME, "prompt": corpus_prompt(100, offset=50), "n": 3,
-                     "max_tokens": 2000, "ignore_eos": True, "stream": True}).encode()
-  s = socket.create_connection((cluster.s.host, cluster.s.http_port), timeout=60)
-  s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-  got = b""
-  while got.count(b"data: ") < 9:
-    piece = s.recv(65536)
-    assert piece, got
-    got += piece
+  s, got = open_sse(cluster.s, "/v1/completions",
+                    {"model": MODEL_NAME, "prompt": corpus_prompt(100, offset=50), "n": 3,
+                     "max_tokens": 2000, "ignore_eos": True, "stream": True}, 9)
   assert b'"index":2' in got
   assert cluster.d.health().running == 3
   s.close()
@@ -207,24 +192,23 @@ def test_client_hangup_ends_every_choice(cluster):
 
 def test_decode_worker_death_fails_choices_cleanly():
   """The decode worker dies while it streams n = 2: not migrated (the other decode worker is
-  not asked), the stream ends with an error the client raises; n = 1 still migrates."""
+  not asked), the stream ends with an error the client raises (test_api: n = 1 migrates)."""
   with Cluster() as c:
     d1 = c.decode(name="d1", kv_budget_mb=64)
     d2 = c.decode(name="d2", kv_budget_mb=64)
     s = c.scheduler(decode=[d1, d2], direct_prefill_tokens=8, name="two_decode")
-    client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    stream = client.completions.create(model=MODEL_NAME, prompt=corpus_prompt(40, offset=3), n=2,
-                                       max_tokens=5000, temperature=0, stream=True,
-                                       extra_body={"ignore_eos": True})
-    chunks = 0
-    started = time.monotonic()
+    api = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    t0 = time.monotonic()
     with pytest.raises(openai.APIError) as err:
-      for _ in stream:
-        chunks += 1
-        if chunks == 4:
-          next(w for w in (d1, d2) if w.health().running > 0).kill()
-    assert time.monotonic() - started < 60
-    assert "decode worker" in str(err.value), err.value
+      for i, _ in enumerate(api.completions.create(
+          model=MODEL_NAME, prompt=corpus_prompt(40, offset=3), n=2, max_tokens=5000,
+          temperature=0, stream=True, extra_body={"ignore_eos": True})):
+        if i == 3:
+          victim = next(w for w in (d1, d2) if w.health().running > 0)
+          victim.kill()
+    assert time.monotonic() - t0 < 60 and "decode worker" in str(err.value), err.value
+    survivor = d2 if victim is d1 else d1
+    assert survivor.health().running == 0
     _, metrics = s.http_get("/metrics")
     assert 'tripod:request_migrations_total{role="scheduler"} 0' in metrics, metrics
 

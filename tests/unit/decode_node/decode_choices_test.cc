@@ -15,7 +15,7 @@
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "tests/unit/decode_node/random_prompt.h"
-#include "tests/unit/test_model.h"
+#include "tests/unit/decode_node/test_engine.h"
 
 namespace tripod {
 namespace {
@@ -51,14 +51,7 @@ DecodeRequest Request(std::vector<int32_t> prompt, int n, int max_tokens, Choice
 }
 
 std::unique_ptr<DecodeEngine> NewEngine(size_t kv_bytes = size_t{64} << 20) {
-  DecodeEngineOptions o;
-  o.model_path = TestModelPath();
-  o.precision = "fp32";
-  o.kv_budget_bytes = kv_bytes;
-  o.max_tokens_per_step = 128;
-  auto e = DecodeEngine::Create(o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? std::move(e).value() : nullptr;
+  return NewTestEngine(TestEngineOptions(kv_bytes));
 }
 
 void ExpectAllFree(const DecodeEngine& e) {

@@ -11,11 +11,10 @@
 #include <variant>
 #include <vector>
 
-#include "common/model/gguf.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/openai_request.h"
 #include "scheduler/openai_response.h"
-#include "tests/unit/test_model.h"
+#include "tests/unit/test_tokenizer.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -119,11 +118,8 @@ TEST(ChoicesTest, BestChoicesByCumulativeLogprob) {
 class ChoicesResponseTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto gguf = GgufFile::Open(TestModelPath());
-    ASSERT_TRUE(gguf.ok()) << gguf.status();
-    auto tok = Tokenizer::FromGguf(**gguf);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tokenizer_ = std::move(*tok).release();
+    tokenizer_ = LoadTestTokenizer().release();
+    ASSERT_NE(tokenizer_, nullptr);
   }
   static void TearDownTestSuite() {
     delete tokenizer_;
