@@ -49,8 +49,7 @@ struct Answer {
   ResponseContext context;
   const Tokenizer* tokenizer = nullptr;
   bool stream = false;
-  int n = 1;        // choices returned
-  int best_of = 1;  // candidates generated (choices.h)
+  int n = 1;  // choices returned (of request.best_of candidates, choices.h)
   std::unique_ptr<SseStream> sse;
   Mutex mu;
   bool headers_sent ABSL_GUARDED_BY(mu) = false;
@@ -297,7 +296,6 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
   answer->tokenizer = config_.model->tokenizer.get();
   answer->stream = request.stream;
   answer->n = request.n;
-  answer->best_of = request.best_of;
   {
     MutexLock l(&answer->mu);
     for (int i = 0; i < request.best_of; ++i) answer->choices.push_back(ChoiceOutput{i, {}, ""});

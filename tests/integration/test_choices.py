@@ -84,6 +84,23 @@ def test_greedy_choices_equal_the_single_answer(cluster, client, n_prompt, route
   wait_until(lambda: all_blocks_free(cluster.d), 30, "every KV block free")
 
 
+def test_greedy_choices_from_the_prefix_cache(cluster):
+  """On the decode worker alone (a scheduler without prefill workers), a prompt asked again
+  attaches its cached blocks and the choices fork from them: still the reference tokens."""
+  sched = cluster.scheduler(decode=[cluster.d], name="decode_only", max_n=MAX_N)
+  api = openai.OpenAI(base_url=f"{sched.url}/v1", api_key="unused", max_retries=0, timeout=300)
+  prompt = corpus_prompt(70, offset=2100)  # 4 whole blocks of 16 and 6 tokens
+  want = detokenize(cluster.s, reference_tokens(prompt, 12, precision="fp32"))
+  for attempt in range(2):
+    r = api.completions.create(model=MODEL_NAME, prompt=prompt, n=3, max_tokens=12,
+                               temperature=0, extra_body={"ignore_eos": True})
+    assert [c.text for c in r.choices] == [want] * 3
+    assert r.model_extra["tripod"]["route"] == "decode_only"
+    cached = r.usage.prompt_tokens_details.cached_tokens
+    assert cached == (64 if attempt else 0), r.usage
+  wait_until(lambda: all_blocks_free(cluster.d), 30, "every KV block free")
+
+
 @pytest.mark.parametrize("chat", [False, True])
 def test_stream_tags_each_choice(cluster, client, chat):
   """Streamed n = 2: each delta names its choice, each choice finishes once with its own
