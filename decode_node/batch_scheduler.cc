@@ -96,10 +96,12 @@ int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueue
     out.failed.emplace_back(s, std::move(st));
     return -1;
   };
-  if (!cache.CanAdmit(new_slots)) {
+  const int fork_slots = s->fork_blocks * cache.block_tokens();
+  if (!cache.CanAdmit(new_slots + fork_slots)) {
     cache.FreeSequence(kv);
     s->n_computed = 0;
-    if (NeverFits(base_slots + n, cache)) return fail(TooBig(*s, base_slots + n, cache));
+    const int slots = base_slots + n + fork_slots;
+    if (NeverFits(slots, cache)) return fail(TooBig(*s, slots, cache));
     return 0;
   }
   if (s->snapshot != nullptr) {

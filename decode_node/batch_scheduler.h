@@ -48,6 +48,9 @@ struct SchedSeq {
   int kv_len = 0;      // cache slots filled; == n_computed unless imported
   int preemptions = 0;
   uint64_t plan_key = 0;  // its cache sequences' key (0: SchedulerConfig::plan_key)
+  // Blocks its choices will take when it forks after its prompt (one each, the copy of its last
+  // partly filled block): admission asks for them too. 0 once forked.
+  int fork_blocks = 0;
 };
 
 struct ScheduledChunk {

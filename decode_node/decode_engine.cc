@@ -63,6 +63,9 @@ struct DecodeEngine::Sequence {
   StopMatcher stop;
   std::vector<int32_t> held_back;                         // kept out of the draw before min_tokens
   int32_t constraint_state = structured::ByteDfa::kDead;  // with req.constraint
+  int choice = 0;                                         // DecodeRequest::n's index
+  int64_t group = 0;      // the id Submit returned (its Cancel ends every choice)
+  int forks_pending = 0;  // choices still to fork from this one's prompt (choice 0 only)
   int n_generated = 0;
   double submitted = 0;   // Now() at Submit
   double first_run = -1;  // Now() when first scheduled
@@ -151,6 +154,13 @@ absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
         absl::StrCat("request: the prompt has ", n, " tokens; the context holds ", context_));
   }
   if (r.max_tokens < 1) return absl::InvalidArgumentError("request: max_tokens must be >= 1");
+  if (r.n < 1 || r.n > kMaxChoices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request: n ", r.n, " is not in [1, ", kMaxChoices, "]"));
+  }
+  if (r.n > 1 && r.continuation) {
+    return absl::InvalidArgumentError("request: a continuation has one choice");
+  }
   if (r.min_tokens < 0 || r.min_tokens > r.max_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "request: min_tokens ", r.min_tokens, " is not in [0, max_tokens ", r.max_tokens, "]"));
@@ -226,10 +236,13 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
   if (seq->req.pop_control.active()) {
     seq->sched.plan_key = seq->req.pop_control.MixKey(plan_.KvKey());
   }
+  seq->forks_pending = seq->req.n - 1;
+  seq->sched.fork_blocks = seq->forks_pending;
   seq->submitted = Now();
   MutexLock lock(&mu_);
   const int64_t id = next_id_++;
   seq->sched.id = id;
+  seq->group = id;
   incoming_.push_back(std::move(seq));
   cv_.Signal();
   return id;
@@ -425,11 +438,17 @@ void DecodeEngine::Intake() {
   std::vector<int64_t> ids(cancels.begin(), cancels.end());
   std::sort(ids.begin(), ids.end());
   for (int64_t id : ids) {
-    auto it = seqs_.find(id);
-    if (it == seqs_.end()) continue;
-    TokenEvent ev;
-    ev.finish = FinishReason::kCancelled;
-    Finish(*it->second, std::move(ev));
+    // The id Submit returned names every choice of the request; a choice's own id just it.
+    std::vector<int64_t> ended;
+    for (const auto& [sid, seq] : seqs_) {
+      if (sid == id || seq->group == id) ended.push_back(sid);
+    }
+    std::sort(ended.begin(), ended.end());
+    for (int64_t sid : ended) {
+      TokenEvent ev;
+      ev.finish = FinishReason::kCancelled;
+      Finish(*seqs_.at(sid), std::move(ev));
+    }
   }
 }
 
@@ -437,10 +456,14 @@ void DecodeEngine::Finish(Sequence& s, TokenEvent ev) {
   const int64_t id = s.sched.id;
   ReleaseSequence(&s.sched, queues_, *cache_);
   ev.request_id = id;
+  ev.choice = s.choice;
   if (ev.token < 0) ev.index = s.n_generated;
   ev.cached_tokens = s.sched.cached_slots;
   ev.queue_seconds = s.first_run < 0 ? -1 : s.first_run - s.submitted;
   TokenCallback cb = std::move(s.req.on_event);
+  // Ended before its prompt forked (cancelled, failed): the choices it would have made end too,
+  // each with its own final event, none with a token.
+  const int unforked = s.forks_pending;
   seqs_.erase(id);  // s is gone
   {
     MutexLock lock(&mu_);
@@ -451,12 +474,24 @@ void DecodeEngine::Finish(Sequence& s, TokenEvent ev) {
     stats_.running = static_cast<int>(queues_.running.size());
     stats_.free_blocks = cache_->num_free_blocks();
   }
-  if (cb) cb(ev);
+  if (!cb) return;
+  for (int c = 1; c <= unforked; ++c) {
+    TokenEvent other;
+    other.request_id = id;
+    other.choice = c;
+    other.finish = ev.finish;
+    other.error = ev.error;
+    other.cached_tokens = ev.cached_tokens;
+    other.queue_seconds = ev.queue_seconds;
+    cb(other);
+  }
+  cb(ev);
 }
 
 void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
   TokenEvent ev;
   ev.token = st.id;
+  ev.choice = s.choice;
   ev.index = s.n_generated++;
   ev.logprob = st.logprob;
   ev.top_logprobs = std::move(st.top);
@@ -503,6 +538,47 @@ void DecodeEngine::EmitToken(Sequence& s, SampledToken st) {
   if (s.req.on_event) {
     ev.request_id = s.sched.id;
     s.req.on_event(ev);
+  }
+}
+
+void DecodeEngine::ForkChoices(Sequence& parent, const float* logits) {
+  const int n = parent.forks_pending + 1;
+  parent.forks_pending = 0;
+  parent.sched.fork_blocks = 0;
+  for (int c = 1; c < n; ++c) {
+    DecodeRequest r = parent.req;
+    r.kv = nullptr;  // the choice runs on the forked KV; preempted, it recomputes
+    r.reserved_kv_seq = -1;
+    r.sampling.seed = parent.req.sampling.seed + static_cast<uint64_t>(c);
+    auto child = std::make_unique<Sequence>(std::move(r), *tokenizer_, model_->config.vocab_size);
+    child->choice = c;
+    child->group = parent.group;
+    child->submitted = parent.submitted;
+    child->first_run = parent.first_run;
+    SchedSeq& cs = child->sched;
+    const SchedSeq& ps = parent.sched;
+    cs.tokens = ps.tokens;
+    cs.n_prompt = ps.n_prompt;
+    cs.plan_key = ps.plan_key;
+    cs.cached_slots = ps.cached_slots;
+    cs.kv_seq = cache_->Fork(ps.kv_seq);
+    if (cs.kv_seq >= 0) {
+      cs.n_computed = ps.n_computed;
+      cs.kv_len = ps.kv_len;
+      queues_.running.push_back(&cs);
+    } else {
+      // No block for the copy of the last partly filled block: the choice waits at the front
+      // and recomputes its prompt (from the prefix cache where it can) and its first token.
+      queues_.waiting.push_front(&cs);
+    }
+    {
+      MutexLock lock(&mu_);
+      cs.id = next_id_++;
+      ++active_;
+    }
+    Sequence* raw = child.get();
+    seqs_[cs.id] = std::move(child);
+    sampling_.push_back({raw, logits, {}});
   }
 }
 
@@ -597,6 +673,11 @@ absl::Status DecodeEngine::Step() {
                              ? it->second.data()
                              : logits_.data() + size_t{1} * (batch_row++) * vocab;
       sampling_.push_back({seq, row, {}});
+    }
+    // A prompt that reached its first token makes its other choices now: they sample their
+    // first tokens from the same row, each with its own sampler.
+    for (size_t i = 0, n = sampling_.size(); i < n; ++i) {
+      if (sampling_[i].seq->forks_pending > 0) ForkChoices(*sampling_[i].seq, sampling_[i].logits);
     }
     // Sampling reads a whole vocabulary row per sequence (penalties, log-sum-exp): parallel over
     // the sequences, each with its own sampler state. Events go out afterwards, in batch order.

@@ -6,6 +6,9 @@
 // thread-safe; the cache, the forward and the callbacks run on the engine's thread only (the
 // background loop of Start(), or the caller of Step / RunUntilIdle when there is none).
 //
+// A request of n choices (DecodeRequest::n) runs its prompt once; once the prompt's last token
+// ran, ForkChoices makes the other choices, sequences on forks of its KV (PagedKvCache::Fork).
+//
 // With precision "fp32" the backend runs batch-invariant kernels, so a sequence's greedy tokens
 // are the same whatever it is batched with, however its prompt is chunked, and after preemption.
 //
@@ -178,6 +181,9 @@ class DecodeEngine {
   void UpdateGauges();  // the "now" fields of stats_
   // Ends a sequence: event, blocks freed, forgotten.
   void Finish(Sequence& s, TokenEvent event);
+  // Makes a sequence's other choices (DecodeRequest::n) once its prompt ran: each a sequence on
+  // a fork of its KV, queued for sampling from the same logits row this step (engine thread).
+  void ForkChoices(Sequence& parent, const float* logits);
   // Streams a sequence's sampled token (and ends the sequence where it stops).
   void EmitToken(Sequence& s, SampledToken token);
   void Loop();

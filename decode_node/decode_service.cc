@@ -325,6 +325,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   r.continuation = req->continuation();
   r.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   r.min_tokens = req->min_tokens();
+  r.n = std::max(1, req->n());
+  call->n_choices = r.n;
   if (req->has_pop_control() && !req->pop_control().variant().empty()) {
     absl::StatusOr<PopControl> pc =
         PopControlFromWire(req->pop_control(), engine_.model().config.n_layers);

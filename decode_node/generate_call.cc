@@ -36,6 +36,7 @@ void EventToWire(const TokenEvent& ev, v1::GenerateResponse* out) {
   out->set_finish(FinishToWire(ev.finish));
   if (!ev.error.empty()) out->set_error(ev.error);
   out->set_text_held(ev.text_held);
+  out->set_choice(ev.choice);
 }
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
@@ -50,19 +51,25 @@ void GenerateCall::OnEvent(const TokenEvent& ev) {
   int done_completion = 0;
   GenerateTimes times;
   bool gone = false;
+  bool last = false;  // the last choice's final event: the call ends
   int64_t id = 0;
   {
     MutexLock lock(&mu);
+    if (choice_completion.size() <= static_cast<size_t>(ev.choice)) {
+      choice_completion.resize(ev.choice + 1, 0);
+    }
     if (ev.token >= 0) {
+      ++choice_completion[ev.choice];
       ++completion;
       if (completion == 1) first_token = now;
       if (completion > 1) metrics->InterToken(Seconds(now - last_token));
       last_token = now;
     }
     if (final) {
+      last = ++choices_ended >= n_choices;
       v1::Usage* u = out.mutable_usage();
       u->set_prompt_tokens(n_prompt);
-      u->set_completion_tokens(completion);
+      u->set_completion_tokens(choice_completion[ev.choice]);
       u->set_cached_tokens(ev.cached_tokens);
       v1::DecodeTiming* t = out.mutable_timing();
       t->set_queue_s(ev.queue_seconds >= 0 ? Seconds(submitted - accepted) + ev.queue_seconds
@@ -81,7 +88,7 @@ void GenerateCall::OnEvent(const TokenEvent& ev) {
       id = engine_id;
     }
   }
-  if (final) {
+  if (last) {
     const char* name = gone ? "cancelled" : FinishReasonName(ev.finish);
     metrics->GenerateDone(name, n_prompt, done_completion, ev.cached_tokens, times);
     spdlog::info(
@@ -93,7 +100,7 @@ void GenerateCall::OnEvent(const TokenEvent& ev) {
   }
   // Written after the metrics: a client that has the last event sees them counted.
   stream->Write(std::move(out));  // dropped if the client is gone
-  if (final) {
+  if (last) {
     stream->End(grpc::Status::OK);
     MarkEnded();
   }

@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -39,6 +40,7 @@ struct GenerateCall {
   uint64_t request_id = 0;
   uint64_t transfer_id = 0;
   int n_prompt = 0;
+  int n_choices = 1;  // GenerateRequest.n: the call ends after this many final events
   absl::Time accepted;
 
   Mutex mu;
@@ -49,7 +51,9 @@ struct GenerateCall {
   bool client_gone ABSL_GUARDED_BY(mu) = false;  // the writer's on_client_gone
   bool ended ABSL_GUARDED_BY(mu) = false;        // its final event is out, or none will come
   bool rpc_done ABSL_GUARDED_BY(mu) = false;     // OnDone: gRPC let go of the writer
-  int completion ABSL_GUARDED_BY(mu) = 0;
+  int completion ABSL_GUARDED_BY(mu) = 0;        // tokens of every choice
+  std::vector<int> choice_completion ABSL_GUARDED_BY(mu);  // tokens by choice
+  int choices_ended ABSL_GUARDED_BY(mu) = 0;
   absl::Time first_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
   absl::Time last_token ABSL_GUARDED_BY(mu) = absl::InfinitePast();
 
@@ -102,7 +106,8 @@ struct GenerateCall {
     MarkEnded();
   }
 
-  // Cancelled before it reached the engine: one end-only event (none if the client is gone).
+  // Cancelled before it reached the engine: one end-only event per choice (none if the client
+  // is gone).
   void EndCancelled(const std::string& why) ABSL_LOCKS_EXCLUDED(mu) {
     v1::GenerateResponse r;
     r.set_token(-1);
@@ -113,6 +118,11 @@ struct GenerateCall {
     metrics->GenerateDone("cancelled", n_prompt, 0, 0, GenerateTimes{});
     spdlog::info("generate request_id={} transfer={} prompt={} completion=0 finish=cancelled ({})",
                  request_id, transfer_id, n_prompt, why);
+    for (int c = 1; c < n_choices; ++c) {
+      v1::GenerateResponse other = r;
+      other.set_choice(c);
+      stream->Write(std::move(other));
+    }
     stream->Write(std::move(r));
     stream->End(grpc::Status::OK);
     MarkEnded();

@@ -31,7 +31,8 @@ const char* FinishReasonName(FinishReason r);
 struct TokenEvent {
   int64_t request_id = 0;
   int32_t token = -1;
-  int index = 0;     // 0-based index of this token among the request's generated tokens
+  int index = 0;     // 0-based index of this token among the choice's generated tokens
+  int choice = 0;    // which of the request's n choices (DecodeRequest::n) it belongs to
   std::string text;  // new text that is final (UTF-8 safe, nothing of a stop string)
   float logprob = 0.0f;
   std::vector<TokenLogprob> top_logprobs;  // SamplingParams::top_logprobs entries
@@ -48,6 +49,7 @@ struct TokenEvent {
 using TokenCallback = std::function<void(const TokenEvent&)>;
 
 inline constexpr size_t kMaxStopTokenIds = 64;
+inline constexpr int kMaxChoices = 256;  // DecodeRequest::n at most
 
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // token ids, at least one
@@ -87,6 +89,12 @@ struct DecodeRequest {
   // The prompt's last constraint_generated tokens are this request's earlier output (a
   // migration's continuation): the constraint starts after them.
   int constraint_generated = 0;
+  // Choices (the OpenAI API's n, or best_of's candidates): the prompt runs once, then n
+  // sequences decode from its KV (PagedKvCache::Fork: the prompt's blocks shared), each with its
+  // own sampler seeded sampling.seed + choice, stop strings and max_tokens, and its own engine id.
+  // Every choice streams its events (TokenEvent::choice) and ends with its own final event;
+  // Cancel of the id Submit returned ends them all.
+  int n = 1;
   TokenCallback on_event;  // may be empty
 };
 

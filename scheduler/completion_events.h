@@ -17,6 +17,14 @@ struct GeneratedToken {
                      // sequence or a possible stop string held back)
   float logprob = 0.0f;
   std::vector<TokenLogprob> top;  // most likely first
+  int choice = 0;                 // which of the request's choices (n, best_of; choices.h)
+};
+
+// One choice of a whole answer: its tokens and how it ended.
+struct ChoiceOutput {
+  int index = 0;
+  std::vector<GeneratedToken> tokens;
+  std::string finish_reason;  // "stop", "length"
 };
 
 struct UsageCounts {

@@ -81,6 +81,10 @@ struct CompletionRequest {
   // the whole output must match, checked. Empty: none.
   std::string output_regex;
 
+  // Choices returned and candidates generated (choices.h): 1 <= n <= best_of.
+  int n = 1;
+  int best_of = 1;
+
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
 

@@ -36,6 +36,7 @@ struct PreparedRequest {
   std::string output_regex;  // CompletionRequest's: the structured output's; empty: none
   PopChoice pop;
   MethodChoice method;
+  int n = 1;  // candidates the decode worker generates (best_of; choices.h)
 };
 
 // Called from gRPC's threads, one call at a time per request, in order: tokens, then exactly
@@ -46,6 +47,9 @@ struct RequestCallbacks {
   std::function<void(const CompletionEnd&)> on_end;
   // Why the request failed: a status whose code says whose fault it is (request_status.h).
   std::function<void(const absl::Status&)> on_error;
+  // With n > 1 candidates: a choice ended ("stop", "length"), each once, before on_end (whose
+  // finish_reason is the last choice's). May be empty.
+  std::function<void(int choice, const std::string& finish_reason)> on_choice_end;
 };
 
 class Call;
@@ -78,6 +82,7 @@ struct DispatcherOptions {
   // --migration-limit): the new worker prefills the prompt and the tokens already streamed and
   // continues (greedy output continues exactly; sampling continues with the same parameters).
   int migration_limit = 1;
+  int max_n = 16;         // n and best_of at most (choices.h); past it: 400
   int retry_after_s = 1;  // the Retry-After of a 429
 };
 

@@ -7,6 +7,7 @@
 #include "boost/asio/post.hpp"
 #include "boost/asio/thread_pool.hpp"
 #include "nlohmann/json.hpp"
+#include "scheduler/choices.h"
 #include "scheduler/openai_json.h"
 #include "scheduler/openai_request.h"
 #include "scheduler/openai_response.h"
@@ -48,17 +49,21 @@ struct Answer {
   ResponseContext context;
   const Tokenizer* tokenizer = nullptr;
   bool stream = false;
+  int n = 1;  // choices returned (of request.best_of candidates, choices.h)
   std::unique_ptr<SseStream> sse;
   Mutex mu;
   bool headers_sent ABSL_GUARDED_BY(mu) = false;
-  std::vector<GeneratedToken> tokens ABSL_GUARDED_BY(mu);  // not streamed: the whole answer
+  // Not streamed: the whole answer, by candidate.
+  std::vector<ChoiceOutput> choices ABSL_GUARDED_BY(mu);
+  int choices_ended ABSL_GUARDED_BY(mu) = 0;  // streamed with n > 1
+  int last_choice ABSL_GUARDED_BY(mu) = 0;    // the choice whose end Finish sends
 
   // Streams: the headers and the role chunk go with the first piece.
   void SendPiece(std::string piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!headers_sent) {
       headers_sent = true;
       exchange->StartStream();
-      exchange->Send(sse->Start());
+      exchange->Send(sse->Start(n));
     }
     exchange->Send(std::move(piece));
   }
@@ -66,21 +71,44 @@ struct Answer {
   void OnToken(const GeneratedToken& t) {
     MutexLock l(&mu);
     if (!stream) {
-      tokens.push_back(t);
+      if (t.choice >= 0 && t.choice < static_cast<int>(choices.size())) {
+        choices[t.choice].tokens.push_back(t);
+      }
       return;
     }
     const GeneratedToken one[] = {t};
-    std::string piece = sse->Tokens(one);
+    std::string piece = sse->Tokens(one, t.choice);
     if (!piece.empty()) SendPiece(std::move(piece));
+  }
+
+  // n > 1: a choice ended. Streamed, its finish chunk goes out now, but the last one's waits
+  // for OnEnd, which sends it with the timing.
+  void OnChoiceEnd(int choice, const std::string& finish_reason) {
+    MutexLock l(&mu);
+    if (!stream) {
+      if (choice >= 0 && choice < static_cast<int>(choices.size())) {
+        choices[choice].finish_reason = finish_reason;
+      }
+      return;
+    }
+    if (++choices_ended < n) {
+      SendPiece(sse->FinishChoice(choice, finish_reason));
+    } else {
+      last_choice = choice;
+    }
   }
 
   void OnEnd(const CompletionEnd& end) {
     MutexLock l(&mu);
     if (!stream) {
-      exchange->Respond(JsonResponse(CompletionResponseBody(context, tokens, end, *tokenizer)));
+      for (ChoiceOutput& c : choices) {
+        if (c.finish_reason.empty()) c.finish_reason = end.finish_reason;
+      }
+      const std::vector<ChoiceOutput> best = BestChoices(std::move(choices), n);
+      exchange->Respond(JsonResponse(CompletionResponseBody(context, best, end, *tokenizer)));
       return;
     }
-    SendPiece(sse->Finish(end));
+    SendPiece(sse->Finish(end, last_choice));
     exchange->End();
   }
 
@@ -256,6 +284,9 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
   ApiResult<CompletionRequest> parsed = ParseCompletionBody(ex->request().body, kind);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);
   const CompletionRequest& request = std::get<CompletionRequest>(parsed);
+  if (std::optional<ApiError> e = CheckChoiceLimit(request, config_.dispatcher->options().max_n)) {
+    return RespondError(*ex, *e);
+  }
   ApiResult<PreparedRequest> prepared = PrepareRequest(request, *config_.model);
   if (const ApiError* e = std::get_if<ApiError>(&prepared)) return RespondError(*ex, *e);
 
@@ -264,12 +295,22 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
   answer->context = MakeResponseContext(request, config_.model->name, config_.model->created);
   answer->tokenizer = config_.model->tokenizer.get();
   answer->stream = request.stream;
+  answer->n = request.n;
+  {
+    MutexLock l(&answer->mu);
+    for (int i = 0; i < request.best_of; ++i) answer->choices.push_back(ChoiceOutput{i, {}, ""});
+  }
   if (request.stream)
     answer->sse = std::make_unique<SseStream>(answer->context, *answer->tokenizer);
 
   RequestCallbacks callbacks;
   callbacks.on_token = [answer](const GeneratedToken& t) { answer->OnToken(t); };
   callbacks.on_end = [answer](const CompletionEnd& e) { answer->OnEnd(e); };
+  if (request.best_of > 1) {
+    callbacks.on_choice_end = [answer](int choice, const std::string& finish) {
+      answer->OnChoiceEnd(choice, finish);
+    };
+  }
   callbacks.on_error = [answer](const absl::Status& e) { answer->OnError(ToApiError(e)); };
   absl::Status refused;
   std::shared_ptr<RequestHandle> handle = config_.dispatcher->Submit(

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "scheduler/choices.h"
 #include "scheduler/draft_methods.h"
 #include "scheduler/structured_output.h"
 
@@ -95,13 +96,6 @@ std::optional<ApiError> CheckIntRange(const std::string& param, const std::optio
   if (!v.has_value() || (*v >= lo && *v <= hi)) return std::nullopt;
   return InvalidRequest(
       absl::StrCat("'", param, "' must be an integer in [", lo, ", ", hi, "], got ", *v), param);
-}
-
-std::optional<ApiError> OnlyOne(const std::string& param, const std::optional<int64_t>& v) {
-  if (!v.has_value() || *v == 1) return std::nullopt;
-  return InvalidRequest(absl::StrCat("'", param, "' must be 1 (one completion per request is ",
-                                     "supported), got ", *v),
-                        param);
 }
 
 // Checked and sorted by id; the vocabulary's size is checked with the model (PrepareRequest).
@@ -189,8 +183,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
                                  {kMinRepetitionPenalty, true, kMaxRepetitionPenalty, true}));
   API_RETURN_IF_ERROR(CheckRange("presence_penalty", raw.presence_penalty, {-2, true, 2, true}));
   API_RETURN_IF_ERROR(CheckRange("frequency_penalty", raw.frequency_penalty, {-2, true, 2, true}));
-  API_RETURN_IF_ERROR(OnlyOne("n", raw.n));
-  API_RETURN_IF_ERROR(OnlyOne("best_of", raw.best_of));
+  API_RETURN_IF_ERROR(ParseChoiceCounts(raw.n, raw.best_of, raw.stream, &req));
   API_RETURN_IF_ERROR(
       CheckIntRange(raw.top_logprobs_param, raw.top_logprobs, 0, SamplingParams::kMaxTopLogprobs));
 
@@ -656,7 +649,10 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
   for (const auto& [id, bias] : p.logit_bias()) raw.logit_bias.emplace_back(id, bias);
   raw.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   if (p.has_min_tokens()) raw.min_tokens = p.min_tokens();
-  if (p.has_n()) raw.n = p.n();
+  if (p.has_n()) {
+    raw.n = p.n();
+    API_RETURN_IF_ERROR(OnlyOneChoice(raw.n));
+  }
   if (p.has_logprobs()) {
     raw.logprobs = true;
     raw.top_logprobs = p.logprobs();

@@ -16,7 +16,8 @@
 //   of 1..kMaxStopBytes bytes seed               an integer in [-2^63, 2^64); negative seeds wrap
 //   to uint64. Absent: the
 //                      lifecycle draws one (has_seed false)
-//   n, best_of         only 1
+//   n, best_of         n 1..128, best_of n..128 (choices.h; --max_n lowers both); best_of > 1
+//                      not with stream; over gRPC n only 1
 //   logprobs           completions: 0..20 (top tokens reported); chat: a boolean, with
 //                      top_logprobs 0..20 (which needs logprobs true)
 //   logit_bias         {"token id": bias in [-100, 100]}, at most 1024 tokens, ids in the

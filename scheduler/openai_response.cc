@@ -220,25 +220,39 @@ ojson TimingJson(const StageTimes& t) {
 std::string CompletionResponseBody(const ResponseContext& ctx,
                                    std::span<const GeneratedToken> tokens, const CompletionEnd& end,
                                    const Tokenizer& tokenizer) {
+  ChoiceOutput one;
+  one.tokens.assign(tokens.begin(), tokens.end());
+  one.finish_reason = end.finish_reason;
+  return CompletionResponseBody(ctx, std::span<const ChoiceOutput>(&one, 1), end, tokenizer);
+}
+
+std::string CompletionResponseBody(const ResponseContext& ctx,
+                                   std::span<const ChoiceOutput> choices, const CompletionEnd& end,
+                                   const Tokenizer& tokenizer) {
   const bool chat = ctx.kind == ApiKind::kChatCompletion;
-  ojson choice;
-  choice["index"] = 0;
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", JoinText(tokens)}};
-    choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
-  } else {
-    choice["text"] = JoinText(tokens);
-    int64_t offset = 0;
-    choice["logprobs"] =
-        ctx.logprobs ? CompletionLogprobs(ctx, tokens, tokenizer, &offset) : ojson();
+  ojson all = ojson::array();
+  for (const ChoiceOutput& c : choices) {
+    const std::span<const GeneratedToken> tokens = c.tokens;
+    ojson choice;
+    choice["index"] = c.index;
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", JoinText(tokens)}};
+      choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
+    } else {
+      choice["text"] = JoinText(tokens);
+      int64_t offset = 0;
+      choice["logprobs"] =
+          ctx.logprobs ? CompletionLogprobs(ctx, tokens, tokenizer, &offset) : ojson();
+    }
+    choice["finish_reason"] = c.finish_reason.empty() ? ojson() : ojson(c.finish_reason);
+    all.push_back(std::move(choice));
   }
-  choice["finish_reason"] = end.finish_reason.empty() ? ojson() : ojson(end.finish_reason);
   ojson body;
   body["id"] = ctx.id;
   body["object"] = chat ? "chat.completion" : "text_completion";
   body["created"] = ctx.created;
   body["model"] = ctx.model;
-  body["choices"] = ojson::array({std::move(choice)});
+  body["choices"] = std::move(all);
   body["usage"] = UsageJson(end.usage);
   body["tripod"] = TimingJson(end.times);
   return DumpJson(body);
@@ -256,35 +270,45 @@ ojson SseStream::ChunkHeader() const {
   return c;
 }
 
-std::string SseStream::Start() {
+std::string SseStream::Start(int n) {
   if (ctx_.kind != ApiKind::kChatCompletion) return "";
-  ojson choice;
-  choice["index"] = 0;
-  choice["delta"] = {{"role", "assistant"}, {"content", ""}};
-  choice["logprobs"] = nullptr;
-  choice["finish_reason"] = nullptr;
-  ojson c = ChunkHeader();
-  c["choices"] = ojson::array({std::move(choice)});
-  if (ctx_.include_usage) c["usage"] = nullptr;
-  return SseEvent(c);
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    ojson choice;
+    choice["index"] = i;
+    choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = nullptr;
+    ojson c = ChunkHeader();
+    c["choices"] = ojson::array({std::move(choice)});
+    if (ctx_.include_usage) c["usage"] = nullptr;
+    out += SseEvent(c);
+  }
+  return out;
 }
 
-std::string SseStream::Tokens(std::span<const GeneratedToken> tokens) {
+int64_t& SseStream::TextOffset(int index) {
+  if (text_offsets_.size() <= static_cast<size_t>(index)) text_offsets_.resize(index + 1, 0);
+  return text_offsets_[index];
+}
+
+std::string SseStream::Tokens(std::span<const GeneratedToken> tokens, int index) {
   const std::string text = JoinText(tokens);
   const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
   if (text.empty() && !(ctx_.logprobs && any_token)) return "";
+  int64_t& text_offset = TextOffset(index);
   ojson choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   if (ctx_.kind == ApiKind::kChatCompletion) {
     choice["delta"] = {{"content", text}};
     choice["logprobs"] = ctx_.logprobs ? ChatLogprobs(ctx_, tokens, *tokenizer_) : ojson();
   } else {
     choice["text"] = text;
     if (ctx_.logprobs) {
-      choice["logprobs"] = CompletionLogprobs(ctx_, tokens, *tokenizer_, &text_offset_);
+      choice["logprobs"] = CompletionLogprobs(ctx_, tokens, *tokenizer_, &text_offset);
     } else {
       choice["logprobs"] = nullptr;
-      text_offset_ += CodePoints(text);
+      text_offset += CodePoints(text);
     }
   }
   choice["finish_reason"] = nullptr;
@@ -294,19 +318,28 @@ std::string SseStream::Tokens(std::span<const GeneratedToken> tokens) {
   return SseEvent(c);
 }
 
-std::string SseStream::Finish(const CompletionEnd& end) {
+ojson SseStream::FinishChunk(int index, const std::string& finish_reason) const {
   ojson choice;
-  choice["index"] = 0;
+  choice["index"] = index;
   if (ctx_.kind == ApiKind::kChatCompletion) {
     choice["delta"] = ojson::object();
   } else {
     choice["text"] = "";
   }
   choice["logprobs"] = nullptr;
-  choice["finish_reason"] = end.finish_reason.empty() ? ojson() : ojson(end.finish_reason);
+  choice["finish_reason"] = finish_reason.empty() ? ojson() : ojson(finish_reason);
   ojson c = ChunkHeader();
   c["choices"] = ojson::array({std::move(choice)});
   if (ctx_.include_usage) c["usage"] = nullptr;
+  return c;
+}
+
+std::string SseStream::FinishChoice(int index, const std::string& finish_reason) {
+  return SseEvent(FinishChunk(index, finish_reason));
+}
+
+std::string SseStream::Finish(const CompletionEnd& end, int index) {
+  ojson c = FinishChunk(index, end.finish_reason);
   c["tripod"] = TimingJson(end.times);
   std::string out = SseEvent(c);
   if (ctx_.include_usage) {

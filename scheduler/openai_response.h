@@ -22,6 +22,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/model/tokenizer.h"
 #include "grpcpp/support/status.h"
@@ -60,30 +61,42 @@ nlohmann::ordered_json TimingJson(const StageTimes& times);
 std::string CompletionResponseBody(const ResponseContext& ctx,
                                    std::span<const GeneratedToken> tokens, const CompletionEnd& end,
                                    const Tokenizer& tokenizer);
+// The same with several choices (n > 1, choices.h), in the given order, each with its index
+// and finish_reason.
+std::string CompletionResponseBody(const ResponseContext& ctx,
+                                   std::span<const ChoiceOutput> choices, const CompletionEnd& end,
+                                   const Tokenizer& tokenizer);
 
 // One stream's SSE events ("data: {...}\n\n"), in order: Start, Tokens (any number of times),
-// Finish. Keeps the text offset across chunks. Not thread-safe.
+// Finish. Keeps each choice's text offset across chunks. Not thread-safe. With n > 1 choices
+// each chunk carries one choice's index; a choice that ends gets its FinishChoice chunk, the
+// last one Finish's.
 class SseStream {
  public:
   SseStream(ResponseContext ctx, const Tokenizer& tokenizer);
 
-  // chat: the chunk with delta {"role":"assistant","content":""}; completions: "" (none).
-  std::string Start();
-  // One chunk for these tokens (several when a front end coalesces); "" when there is nothing to
-  // send (no text and no logprobs wanted).
-  std::string Tokens(std::span<const GeneratedToken> tokens);
-  // The finish_reason chunk (empty delta / text), the usage chunk when include_usage, and
-  // "data: [DONE]".
-  std::string Finish(const CompletionEnd& end);
+  // chat: the chunk with delta {"role":"assistant","content":""} for each of n choices;
+  // completions: "" (none).
+  std::string Start(int n = 1);
+  // One chunk for these tokens of choice `index` (several when a front end coalesces); "" when
+  // there is nothing to send (no text and no logprobs wanted).
+  std::string Tokens(std::span<const GeneratedToken> tokens, int index = 0);
+  // A choice's finish_reason chunk while others go on (n > 1).
+  std::string FinishChoice(int index, const std::string& finish_reason);
+  // The finish_reason chunk (empty delta / text) of the last choice, the usage chunk when
+  // include_usage, and "data: [DONE]".
+  std::string Finish(const CompletionEnd& end, int index = 0);
 
   const ResponseContext& context() const { return ctx_; }
 
  private:
   nlohmann::ordered_json ChunkHeader() const;
+  nlohmann::ordered_json FinishChunk(int index, const std::string& finish_reason) const;
+  int64_t& TextOffset(int index);
 
   ResponseContext ctx_;
   const Tokenizer* tokenizer_;
-  int64_t text_offset_ = 0;  // code points of generated text so far
+  std::vector<int64_t> text_offsets_;  // by choice: code points of its generated text so far
 };
 
 // "data: <json>\n\n".

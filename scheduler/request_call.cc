@@ -326,6 +326,7 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
     g.mutable_constraint()->set_regex(request_.output_regex);
     g.mutable_constraint()->set_generated(static_cast<int>(generated_.size()));
   }
+  if (request_.n > 1) g.set_n(request_.n);
   if (request_.pop.control()) {
     // The decode worker runs the control's plans on its rows, whoever prefilled the prompt.
     v1::PopControlSpec& pc = *g.mutable_pop_control();
@@ -358,10 +359,12 @@ void Call::OnReadDone(bool ok) {
       }
       ++tokens_;
       last_token_ = now;
-      generated_.push_back(ev.token());
+      // Only a single choice is moved to another worker, which continues from these.
+      if (request_.n == 1) generated_.push_back(ev.token());
     }
     text_held_ = ev.text_held();
     GeneratedToken t;
+    t.choice = ev.choice();
     t.id = ev.token();
     t.text = ev.text();
     t.logprob = ev.logprob();
@@ -369,10 +372,26 @@ void Call::OnReadDone(bool ok) {
     if (callbacks_.on_token) callbacks_.on_token(t);
   }
   if (ev.finish() != v1::FINISH_NONE) {
-    end_seen_ = true;
-    end_ = ev;
+    if (request_.n == 1) {
+      end_seen_ = true;
+      end_ = ev;
+    } else {
+      OnChoiceEnded(ev);
+    }
   }
   StartRead(&event_);
+}
+
+void Call::OnChoiceEnded(const v1::GenerateResponse& ev) {
+  ++choices_ended_;
+  choice_tokens_ += ev.usage().completion_tokens();
+  const bool finished = ev.finish() == v1::FINISH_STOP || ev.finish() == v1::FINISH_LENGTH;
+  if (!choice_failed_) end_ = ev;  // the first failure is what the request reports
+  if (!finished) choice_failed_ = true;
+  if (finished && !cancelled() && callbacks_.on_choice_end) {
+    callbacks_.on_choice_end(ev.choice(), ev.finish() == v1::FINISH_STOP ? "stop" : "length");
+  }
+  end_seen_ = choices_ended_ >= request_.n;
 }
 
 void Call::OnDone(const grpc::Status& status) {
@@ -396,6 +415,7 @@ void Call::OnDone(const grpc::Status& status) {
   end.generated = static_cast<int>(generated_.size());
   end.max_tokens = request_.max_tokens;
   end.migrations = migrations_;
+  end.choices = request_.n;
   NextStep next = AfterStream(end, *decode_, Workers(), dispatcher_->options(), request_id_);
   if (next.mark_failed) decode_->MarkFailed(status.error_message());
   switch (next.kind) {
@@ -484,8 +504,13 @@ void Call::Finish(const std::string& finish, const absl::Status* error) {
   if (!end.times.method.name.empty()) {
     end.times.method.prompt_tokens = static_cast<int>(prompt_.size());
   }
-  end.usage.completion_tokens =
-      end_seen_ ? carried_tokens_ + end_.usage().completion_tokens() : tokens_;
+  if (request_.n > 1) {
+    // Every candidate's tokens (best_of's too, as vLLM counts them); the prompt once.
+    end.usage.completion_tokens = end_seen_ ? choice_tokens_ : tokens_;
+  } else {
+    end.usage.completion_tokens =
+        end_seen_ ? carried_tokens_ + end_.usage().completion_tokens() : tokens_;
+  }
   // After a migration the last worker's cache hits were on the prompt and earlier output.
   end.usage.cached_tokens = end_seen_ && migrations_ == 0 ? end_.usage().cached_tokens() : 0;
   if (decode_ != nullptr) decode_->AddInflight(-1);

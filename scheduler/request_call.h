@@ -83,6 +83,8 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   void StartGenerate(uint64_t transfer_id, Route route);
   // The Generate stream failed with `status` before its end: a new stream on `other`.
   void Migrate(std::shared_ptr<Worker> other, const grpc::Status& status);
+  // n > 1: one choice's final event (the stream ends after the last).
+  void OnChoiceEnded(const v1::GenerateResponse& ev);
   // Ends the request once: the callback (unless the client left), metrics, the dispatcher.
   void Finish(const std::string& finish, const absl::Status* error);
   bool cancelled() const;
@@ -136,6 +138,10 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   int tokens_ = 0;
   std::vector<int32_t> generated_;  // every token streamed, over every decode worker
   bool text_held_ = false;          // the last event's text_held
+  // n > 1 candidates (PreparedRequest::n): the stream's end is the last choice's final event.
+  int choices_ended_ = 0;
+  int choice_tokens_ = 0;       // completion tokens of the choices that ended
+  bool choice_failed_ = false;  // a choice ended neither "stop" nor "length": end_ holds it
   int migrations_ = 0;
   int carried_tokens_ = 0;  // tokens streamed by decode workers before the current one
   absl::Time started_;

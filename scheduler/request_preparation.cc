@@ -116,6 +116,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   p.output_regex = request.output_regex;
   p.pop = request.pop;
   p.method = request.method;
+  p.n = request.best_of;
   return p;
 }
 

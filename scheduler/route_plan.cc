@@ -199,6 +199,13 @@ NextStep AfterStream(const StreamEnd& end, const Worker& decode, const WorkerSna
     next.note = absl::StrCat("decode worker ", decode.address(), " died holding text back");
     return next;
   }
+  if (end.choices > 1) {
+    // Each choice would continue from its own output on the new worker, no longer sharing the
+    // prompt's KV: not done, the request ends with the error.
+    next.note = absl::StrCat("decode worker ", decode.address(), " died generating ", end.choices,
+                             " choices");
+    return next;
+  }
   if (end.max_tokens - end.generated < 1) return next;
   next.worker = PickDecode(workers.decode, end.prompt_tokens + end.generated, rotation, &decode);
   if (next.worker == nullptr) return next;

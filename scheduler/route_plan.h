@@ -147,6 +147,7 @@ struct StreamEnd {
   int generated = 0;      // tokens streamed, over every decode worker
   int max_tokens = 0;
   int migrations = 0;  // so far
+  int choices = 1;     // candidates the stream was generating (n > 1 is never moved)
 };
 NextStep AfterStream(const StreamEnd& end, const Worker& decode, const WorkerSnapshot& workers,
                      const DispatcherOptions& options, uint64_t rotation);

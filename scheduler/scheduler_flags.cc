@@ -6,10 +6,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/rpc/worker_server.h"
 #include "common/util/status_macros.h"
+#include "scheduler/choices.h"
 #include "scheduler/openai_request.h"
 
 ABSL_FLAG(std::string, served_model_name, "",
@@ -46,6 +48,9 @@ ABSL_FLAG(int, migration_limit, 1,
           "times a request streaming from a decode worker that dies moves to another one, which "
           "continues it from the prompt and the tokens already streamed (0: the stream ends with "
           "an error)");
+ABSL_FLAG(int, max_n, 16,
+          "choices (n) and candidates (best_of) a request may ask for at most; past it: 400 "
+          "(at most 128)");
 ABSL_FLAG(int, max_inflight, 256, "requests at the workers at once");
 ABSL_FLAG(int, max_queue, 1024, "requests waiting beyond --max_inflight; past this: 429");
 ABSL_FLAG(int, direct_prefill_tokens, 32,
@@ -121,6 +126,10 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   if (absl::GetFlag(FLAGS_draft_timeout_ms) <= 0) {
     return absl::InvalidArgumentError("--draft_timeout_ms must be > 0");
   }
+  if (absl::GetFlag(FLAGS_max_n) < 1 || absl::GetFlag(FLAGS_max_n) > kMaxChoicesLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_n must be in [1, ", kMaxChoicesLimit, "]"));
+  }
   if (absl::GetFlag(FLAGS_migration_limit) < 0) {
     return absl::InvalidArgumentError("--migration_limit must be >= 0");
   }
@@ -161,6 +170,7 @@ absl::StatusOr<SchedulerFlags> SchedulerFlagsFromCommandLine() {
   dopt.draft_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_draft_timeout_ms));
   dopt.methods.speckv_lookahead = absl::GetFlag(FLAGS_speckv_lookahead);
   dopt.migration_limit = absl::GetFlag(FLAGS_migration_limit);
+  dopt.max_n = absl::GetFlag(FLAGS_max_n);
   f.http.io_threads = absl::GetFlag(FLAGS_io_threads);
   f.http.max_connections_per_client = absl::GetFlag(FLAGS_max_connections_per_client);
   const std::string tls_cert = absl::GetFlag(FLAGS_http_tls_cert);

@@ -154,18 +154,7 @@ int PagedKvCache::AttachCachedPrefix(int32_t seq, std::span<const int32_t> token
       } else {
         const int32_t copy = AllocateBlock();
         if (copy >= 0) {
-          for (int layer = 0; layer < layout_.n_layers; ++layer) {
-            uint8_t* base = base_ + size_t{2} * layer * array_bytes_;
-            for (uint8_t* arr : {base, base + array_bytes_}) {
-              uint8_t* to = arr + size_t{1} * copy * block_bytes_;
-              const uint8_t* from = arr + size_t{1} * hit->block * block_bytes_;
-              if (device_) {
-                device_->copy(to, from, block_bytes_);
-              } else {
-                std::memcpy(to, from, block_bytes_);
-              }
-            }
-          }
+          CopyBlock(copy, hit->block);
           s->blocks.push_back(copy);
           s->length = static_cast<int>(tokens.size() - 1);
         }
@@ -175,6 +164,44 @@ int PagedKvCache::AttachCachedPrefix(int32_t seq, std::span<const int32_t> token
   }
   s->tokens.assign(tokens.begin(), tokens.begin() + s->length);
   return s->length;
+}
+
+void PagedKvCache::CopyBlock(int32_t to_block, int32_t from_block) {
+  for (int layer = 0; layer < layout_.n_layers; ++layer) {
+    uint8_t* base = base_ + size_t{2} * layer * array_bytes_;
+    for (uint8_t* arr : {base, base + array_bytes_}) {
+      uint8_t* to = arr + size_t{1} * to_block * block_bytes_;
+      const uint8_t* from = arr + size_t{1} * from_block * block_bytes_;
+      if (device_) {
+        device_->copy(to, from, block_bytes_);
+      } else {
+        std::memcpy(to, from, block_bytes_);
+      }
+    }
+  }
+}
+
+int32_t PagedKvCache::Fork(int32_t src) {
+  const Seq* s = Find(src);
+  if (s == nullptr) return -1;
+  const int full = s->length / block_tokens_;
+  const bool partial = s->length % block_tokens_ != 0;
+  int32_t copy = -1;
+  if (partial) {
+    // Allocating may evict an unreferenced cached block: never one of src's, which it holds.
+    copy = AllocateBlock();
+    if (copy < 0) return -1;
+    CopyBlock(copy, s->blocks[full]);
+  }
+  Seq child = *s;
+  child.blocks.resize(full);
+  for (const int32_t b : child.blocks) {
+    if (absl::Status st = pool_.Ref(b); !st.ok()) Fail(std::move(st));
+  }
+  if (partial) child.blocks.push_back(copy);
+  const int32_t id = next_seq_++;
+  seqs_[id] = std::move(child);
+  return id;
 }
 
 bool PagedKvCache::CanAdmit(int n_slots) const {

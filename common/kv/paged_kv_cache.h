@@ -50,7 +50,8 @@ class PagedKvCache final : public KvStore {
   int num_free_blocks() const;  // free + cached-but-unreferenced (evictable)
   int num_cached_blocks() const { return prefix_.num_cached(); }  // published, referenced or not
   int watermark_blocks() const { return watermark_blocks_; }
-  size_t bytes() const { return bytes_; }  // memory held for KV
+  int refcount(int32_t block) const { return pool_.refcount(block); }  // for inspection
+  size_t bytes() const { return bytes_; }                              // memory held for KV
   // What the cache really spends per token slot: bytes() / (num_blocks * block_tokens).
   size_t kv_bytes_per_token() const;
   // Blocks needed to hold n_slots slots.
@@ -84,6 +85,13 @@ class PagedKvCache final : public KvStore {
   // nothing changes) for an unknown sequence or when the slots exceed its capacity.
   bool Append(int32_t seq, std::span<const int32_t> ids);
   int length(int32_t seq) const;  // slots filled (0 when unknown)
+
+  // A new sequence with src's KV (the choices of one prompt, n > 1): src's full blocks by
+  // reference, its last partly filled block copied, since each will write into its own (the
+  // copy-on-write of that block, done at once: the next step writes it anyway). Never more than
+  // one block is copied, whatever the prompt's length. Blocks src holds past its length are not
+  // taken. -1 (nothing changes) when src is unknown or no block is free for the copy.
+  int32_t Fork(int32_t src);
 
   // Drops the sequence's references; published blocks stay cached (LRU) until evicted.
   // Unknown handles are ignored.
@@ -136,6 +144,7 @@ class PagedKvCache final : public KvStore {
   const Seq* Find(int32_t seq) const;
   int32_t AllocateBlock();  // evicts an unreferenced cached block when none is free; -1 if none
   void ReleaseBlock(int32_t block);
+  void CopyBlock(int32_t to, int32_t from);  // every layer's K and V
   void PublishFullBlocks(Seq& s);
   void Fail(absl::Status st);  // records an internal error for CheckConsistency
 

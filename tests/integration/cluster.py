@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -259,6 +260,28 @@ class Serve:
   def __exit__(self, *exc):
     self.stop()
     return False
+
+
+def detokenize(sched, ids):
+  """The scheduler's /detokenize of these token ids."""
+  status, body, _ = sched.http("POST", "/detokenize", {"tokens": ids})
+  assert status == 200, body
+  return json.loads(body)["prompt"]
+
+
+def open_sse(sched, path, body, events):
+  """POSTs a streaming request on a raw socket, which the caller may close to hang up, and
+  reads until `events` SSE events came. Returns (socket, the bytes read)."""
+  data = json.dumps(body).encode()
+  s = socket.create_connection((sched.host, sched.http_port), timeout=60)
+  s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+  got = b""
+  while got.count(b"data: ") < events:
+    piece = s.recv(65536)
+    assert piece, got
+    got += piece
+  return s, got
 
 
 def all_blocks_free(decode):

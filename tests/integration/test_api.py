@@ -203,7 +203,7 @@ def error_of(resp):
 
 @pytest.mark.parametrize("body,param", [
     ({"model": MODEL_NAME, "prompt": "x", "temperature": "hot"}, "temperature"),
-    ({"model": MODEL_NAME, "prompt": "x", "n": 2}, "n"),
+    ({"model": MODEL_NAME, "prompt": "x", "n": 0}, "n"),
     ({"model": MODEL_NAME, "prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL_NAME, "prompt": 17}, "prompt"),
     ({"model": MODEL_NAME, "prompt": "x", "top_p": 1.5}, "top_p"),

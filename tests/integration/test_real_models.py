@@ -423,7 +423,7 @@ def test_errors_in_openai_shape(srv):
       ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}, "max_tokens"),
       ("/v1/completions", {"prompt": "x", "stop": 5}, "stop"),
       ("/v1/completions", {"prompt": {"text": "x"}}, "prompt"),
-      ("/v1/completions", {"prompt": "x", "n": 2}, "n"),
+      ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
       ("/v1/chat/completions", {"messages": "hi"}, "messages"),
       ("/v1/chat/completions", {"messages": msgs, "top_p": "all"}, "top_p"),
   ]:

@@ -24,6 +24,7 @@
 #include "common/rpc/worker_server.h"
 #include "common/util/thread_pool.h"
 #include "tests/unit/decode_node/random_prompt.h"
+#include "tests/unit/decode_node/test_engine.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -34,12 +35,7 @@ constexpr auto kCallTimeout = std::chrono::seconds(120);
 // A worker in this process: engine (loop running), service, gRPC server, and a client stub.
 struct Worker {
   explicit Worker(size_t kv_bytes = size_t{64} << 20) {
-    DecodeEngineOptions o;
-    o.model_path = TestModelPath();
-    o.precision = "fp32";
-    o.kv_budget_bytes = kv_bytes;
-    o.max_tokens_per_step = 128;
-    auto e = DecodeEngine::Create(o);
+    auto e = DecodeEngine::Create(TestEngineOptions(kv_bytes));
     EXPECT_TRUE(e.ok()) << e.status();
     engine = std::move(*e);
     engine->Start();

@@ -20,6 +20,7 @@
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "tests/unit/decode_node/random_prompt.h"
+#include "tests/unit/decode_node/test_engine.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -28,19 +29,10 @@ namespace {
 constexpr size_t kF32BytesPerToken = 2ull * 30 * 3 * 64 * 4;  // the bundled model, f32 KV
 
 DecodeEngineOptions Options(size_t kv_bytes = size_t{64} << 20) {
-  DecodeEngineOptions o;
-  o.model_path = TestModelPath();
-  o.precision = "fp32";
-  o.kv_budget_bytes = kv_bytes;
-  o.max_tokens_per_step = 128;
-  return o;
+  return TestEngineOptions(kv_bytes);
 }
 
-std::unique_ptr<DecodeEngine> NewEngine(const DecodeEngineOptions& o) {
-  auto e = DecodeEngine::Create(o);
-  EXPECT_TRUE(e.ok()) << e.status();
-  return e.ok() ? std::move(e).value() : nullptr;
-}
+std::unique_ptr<DecodeEngine> NewEngine(const DecodeEngineOptions& o) { return NewTestEngine(o); }
 
 struct Stream {
   std::vector<int32_t> tokens;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,11 @@ struct Outcome {
   Mutex mu;
   CondVar cv;
   std::vector<int32_t> tokens ABSL_GUARDED_BY(mu);
+  // With n > 1 choices: the tokens by choice, each choice's on_choice_end, and how many choices
+  // had ended when on_end came.
+  std::map<int, std::vector<int32_t>> choice_tokens ABSL_GUARDED_BY(mu);
+  std::map<int, std::vector<std::string>> choice_ends ABSL_GUARDED_BY(mu);
+  size_t choices_ended_at_end ABSL_GUARDED_BY(mu) = 0;
   std::optional<CompletionEnd> end ABSL_GUARDED_BY(mu);
   std::optional<absl::Status> error ABSL_GUARDED_BY(mu);
 
@@ -56,10 +62,16 @@ struct Outcome {
     cb.on_token = [this](const GeneratedToken& t) {
       MutexLock l(&mu);
       if (t.id >= 0) tokens.push_back(t.id);
+      if (t.id >= 0) choice_tokens[t.choice].push_back(t.id);
       cv.SignalAll();
+    };
+    cb.on_choice_end = [this](int choice, const std::string& finish) {
+      MutexLock l(&mu);
+      choice_ends[choice].push_back(finish);
     };
     cb.on_end = [this](const CompletionEnd& e) {
       MutexLock l(&mu);
+      choices_ended_at_end = choice_ends.size();
       end = e;
       cv.SignalAll();
     };

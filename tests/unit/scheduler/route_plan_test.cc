@@ -572,6 +572,16 @@ TEST(RoutePlanTest, AfterStream) {
        "worker_unavailable",
        "",
        true},
+      {"died generating several choices: not moved",
+       with([&](StreamEnd& e) { e.status = gone, e.choices = 3; }),
+       1,
+       {dead, roomy},
+       NextStep::Kind::kGiveUp,
+       "",
+       absl::StatusCode::kUnavailable,
+       "worker_unavailable",
+       "",
+       true},
       {"died with no tokens left",
        with([&](StreamEnd& e) { e.status = gone, e.generated = 64; }),
        1,
@@ -611,6 +621,9 @@ TEST(RoutePlanTest, AfterStream) {
       AfterStream(with([&](StreamEnd& e) { e.status = gone, e.text_held = true; }), *dead,
                   {{dead, roomy}, {}, {}}, DispatcherOptions{}, 0);
   EXPECT_NE(held.note.find("holding text back"), std::string::npos) << held.note;
+  const NextStep choices = AfterStream(with([&](StreamEnd& e) { e.status = gone, e.choices = 2; }),
+                                       *dead, {{dead, roomy}, {}, {}}, DispatcherOptions{}, 0);
+  EXPECT_NE(choices.note.find("2 choices"), std::string::npos) << choices.note;
 }
 
 // What the front ends make of the core's statuses.

@@ -568,5 +568,73 @@ TEST(PagedKvCacheTest, FinishExternalFillOfAnotherPlanOrTrimmedNeverPublishes) {
   EXPECT_EQ(c->num_free_blocks(), 8);
 }
 
+// The choices of one prompt (n > 1): a fork shares the full blocks by reference and copies only
+// the last partly filled one; each side then writes its own; the blocks go back once both end.
+TEST(PagedKvCacheTest, ForkSharesFullBlocksAndCopiesTheLastPartlyFilledOne) {
+  auto c = NewCache(16);
+  const int32_t a = c->NewSequence(1);
+  Fill(*c, a, Ids(10, 100), 1);  // blocks 0-1 full, block 2 holds 2 of 4 slots
+  ASSERT_EQ(c->num_free_blocks(), 16 - 3);
+  const int32_t b = c->Fork(a);
+  ASSERT_GE(b, 0);
+  EXPECT_NE(b, a);
+  EXPECT_TRUE(c->CheckConsistency().ok()) << c->CheckConsistency();
+  EXPECT_EQ(c->num_free_blocks(), 16 - 4);  // one block copied, not three
+  EXPECT_EQ(c->length(b), 10);
+  EXPECT_EQ(c->capacity(b), 12);
+  const KvLayerRef ra = c->Layer(a, 0), rb = c->Layer(b, 0);
+  ASSERT_EQ(rb.n_blocks, 3);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(ra.block_ids[i], rb.block_ids[i]);
+    EXPECT_EQ(c->refcount(ra.block_ids[i]), 2);
+  }
+  EXPECT_NE(ra.block_ids[2], rb.block_ids[2]);
+  EXPECT_EQ(c->refcount(ra.block_ids[2]), 1);
+  EXPECT_EQ(c->refcount(rb.block_ids[2]), 1);
+  EXPECT_TRUE(SlotsHold(*c, b, 0, 10, 1));
+
+  // Each writes its own next slots: neither sees the other's.
+  Fill(*c, a, Ids(4, 200), 2);  // a: slots 10-13, a new block past the copy
+  Fill(*c, b, Ids(1, 300), 3);  // b: slot 10 in its copy
+  EXPECT_TRUE(SlotsHold(*c, a, 0, 10, 1));
+  EXPECT_TRUE(SlotsHold(*c, a, 10, 14, 2));
+  EXPECT_TRUE(SlotsHold(*c, b, 0, 10, 1));
+  EXPECT_TRUE(SlotsHold(*c, b, 10, 11, 3));
+
+  const int32_t shared = ra.block_ids[0];
+  c->FreeSequence(a);
+  EXPECT_EQ(c->refcount(shared), 1);  // b still holds the prompt's blocks
+  EXPECT_TRUE(SlotsHold(*c, b, 0, 10, 1));
+  EXPECT_TRUE(c->CheckConsistency().ok()) << c->CheckConsistency();
+  c->FreeSequence(b);
+  EXPECT_EQ(c->refcount(shared), 0);
+  EXPECT_TRUE(c->CheckConsistency().ok()) << c->CheckConsistency();
+  EXPECT_EQ(c->num_free_blocks(), 16);
+}
+
+TEST(PagedKvCacheTest, ForkOfWholeBlocksCopiesNothingAndFailsCleanly) {
+  auto c = NewCache(3);
+  const int32_t a = c->NewSequence(1);
+  Fill(*c, a, Ids(8, 100), 1);            // two full blocks
+  ASSERT_TRUE(c->EnsureCapacity(a, 12));  // a third, empty: not the fork's
+  const int32_t b = c->Fork(a);
+  ASSERT_GE(b, 0);
+  EXPECT_EQ(c->capacity(b), 8);
+  EXPECT_EQ(c->num_free_blocks(), 0);
+  EXPECT_TRUE(SlotsHold(*c, b, 0, 8, 1));
+  EXPECT_TRUE(c->CheckConsistency().ok()) << c->CheckConsistency();
+
+  // A partly filled last block with no free block for its copy: -1, nothing changes.
+  const int32_t d = c->NewSequence(1);
+  c->FreeSequence(b);
+  c->FreeSequence(a);
+  Fill(*c, d, Ids(9, 500), 2);  // three blocks, the last with 1 slot
+  EXPECT_EQ(c->num_free_blocks(), 0);
+  EXPECT_EQ(c->Fork(d), -1);
+  EXPECT_EQ(c->num_sequences(), 1);
+  EXPECT_EQ(c->Fork(12345), -1);
+  EXPECT_TRUE(c->CheckConsistency().ok()) << c->CheckConsistency();
+}
+
 }  // namespace
 }  // namespace tripod
