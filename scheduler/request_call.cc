@@ -167,7 +167,7 @@ void Call::MethodFallback(const std::string& why) {
 void Call::ChooseWorkers() {
   const WorkerSnapshot workers = Workers();
   RoutePlan plan = PlanRoute(static_cast<int>(prompt_.size()), request_.pop, workers,
-                             dispatcher_->options(), request_id_);
+                             dispatcher_->options(), request_id_, request_.prompt_logprobs >= 0);
   if (!plan.status.ok()) return Finish("error", &plan.status);
   decode_ = std::move(plan.decode);
   decode_->AddInflight(1);
@@ -321,6 +321,11 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
                                      request_.stop_token_ids.end());
   g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
   g.set_ignore_eos(request_.ignore_eos);
+  // Until every prompt position's log-probability is in (a migrated stream's new worker computes
+  // what the dead one did not send).
+  const int prompt_positions = static_cast<int>(request_.prompt.size()) - 1;
+  g.set_prompt_logprobs(request_.prompt_logprobs >= 0 && prompt_logprobs_next_ <= prompt_positions);
+  g.set_prompt_top_logprobs(std::max(0, request_.prompt_logprobs));
   if (request_.pop.control()) {
     // The decode worker runs the control's plans on its rows, whoever prefilled the prompt.
     v1::PopControlSpec& pc = *g.mutable_pop_control();
@@ -341,6 +346,7 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
 void Call::OnReadDone(bool ok) {
   if (!ok) return;  // the stream ended: OnDone follows
   const v1::GenerateResponse& ev = event_;
+  if (ev.prompt_logprobs_size() > 0 && !cancelled()) PassPromptLogprobs(ev);
   if ((ev.token() >= 0 || !ev.text().empty()) && !cancelled()) {
     const absl::Time now = absl::Now();
     if (ev.token() >= 0) {
@@ -368,6 +374,25 @@ void Call::OnReadDone(bool ok) {
     end_ = ev;
   }
   StartRead(&event_);
+}
+
+void Call::PassPromptLogprobs(const v1::GenerateResponse& ev) {
+  // Positions of the original prompt not passed on yet (a migrated stream's prompt is longer, and
+  // its new worker starts over).
+  const int n = static_cast<int>(request_.prompt.size());
+  std::vector<PromptLogprob> lps;
+  for (const v1::PromptLogprob& w : ev.prompt_logprobs()) {
+    if (w.position() != prompt_logprobs_next_ || w.position() >= n) continue;
+    PromptLogprob p;
+    p.position = w.position();
+    p.id = w.token();
+    p.logprob = w.logprob();
+    p.rank = w.rank();
+    for (const v1::TopLogprob& t : w.top()) p.top.push_back({t.token(), t.logprob()});
+    lps.push_back(std::move(p));
+    ++prompt_logprobs_next_;
+  }
+  if (!lps.empty() && callbacks_.on_prompt_logprobs) callbacks_.on_prompt_logprobs(lps);
 }
 
 void Call::OnDone(const grpc::Status& status) {

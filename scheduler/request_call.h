@@ -83,6 +83,8 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   void StartGenerate(uint64_t transfer_id, Route route);
   // The Generate stream failed with `status` before its end: a new stream on `other`.
   void Migrate(std::shared_ptr<Worker> other, const grpc::Status& status);
+  // The prompt log-probabilities of a Generate event, the positions not passed on yet.
+  void PassPromptLogprobs(const v1::GenerateResponse& ev);
   // Ends the request once: the callback (unless the client left), metrics, the dispatcher.
   void Finish(const std::string& finish, const absl::Status* error);
   bool cancelled() const;
@@ -137,7 +139,8 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   std::vector<int32_t> generated_;  // every token streamed, over every decode worker
   bool text_held_ = false;          // the last event's text_held
   int migrations_ = 0;
-  int carried_tokens_ = 0;  // tokens streamed by decode workers before the current one
+  int carried_tokens_ = 0;        // tokens streamed by decode workers before the current one
+  int prompt_logprobs_next_ = 1;  // the next prompt position whose log-probability is owed
   absl::Time started_;
   absl::Time last_token_;
   StageTimes times_;

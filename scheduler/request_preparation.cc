@@ -115,6 +115,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   p.ignore_eos = request.ignore_eos;
   p.pop = request.pop;
   p.method = request.method;
+  p.prompt_logprobs = request.prompt_logprobs;
   return p;
 }
 
