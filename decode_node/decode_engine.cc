@@ -40,7 +40,7 @@ struct DecodeEngine::Sequence {
       : req(std::move(r)),
         sampler(req.sampling, vocab),
         decoder(tok, req.continuation),
-        stop(req.stop) {
+        stop(req.stop, req.include_stop_str) {
     if (req.min_tokens > 0) {
       held_back = req.stop_token_ids;
       if (!req.ignore_eos) {

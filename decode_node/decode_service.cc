@@ -321,6 +321,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   r.sampling = *sampling;
   r.max_tokens = req->max_tokens();
   r.stop.assign(req->stop().begin(), req->stop().end());
+  r.include_stop_str = req->include_stop_str();
   r.ignore_eos = req->ignore_eos();
   r.continuation = req->continuation();
   r.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());

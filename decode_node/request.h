@@ -70,6 +70,7 @@ struct DecodeRequest {
   // kLength: the prompt's log-probabilities alone).
   int max_tokens = 16;
   std::vector<std::string> stop;  // stop strings, matched on the decoded text
+  bool include_stop_str = false;  // the matched stop string ends the output (vLLM's)
   // Tokens that end the request as a stop (vLLM's stop_token_ids): sorted, each once. The
   // token's text is part of the output unless it is a control token.
   std::vector<int32_t> stop_token_ids;

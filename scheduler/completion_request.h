@@ -75,6 +75,7 @@ struct CompletionRequest {
   SamplingParams sampling;  // temperature default 1 as OpenAI's; top_logprobs below
   bool has_seed = false;    // sampling.seed came from the client; else the lifecycle draws one
   std::vector<std::string> stop;
+  bool include_stop_str = false;  // vLLM's include_stop_str_in_output: the stop string is output
   std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;

@@ -31,6 +31,7 @@ struct PreparedRequest {
   int max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;
+  bool include_stop_str = false;        // vLLM's include_stop_str_in_output
   std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;

@@ -54,6 +54,7 @@ struct RawRequest {
   bool include_usage = false;
   std::string user;
   bool echo = false;
+  bool include_stop_str = false;
   std::optional<int64_t> prompt_logprobs;  // vLLM's
   std::string pop;
   std::string pop_variant;
@@ -299,6 +300,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
     }
   }
   req.stop = std::move(raw.stop);
+  req.include_stop_str = raw.include_stop_str;
   req.ignore_eos = raw.ignore_eos;
   req.stream = raw.stream;
   req.include_usage = raw.include_usage;
@@ -607,6 +609,9 @@ std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest*
     raw->echo = flag.value_or(false);
   }
   API_RETURN_IF_ERROR(GetInt(body, "prompt_logprobs", &raw->prompt_logprobs));
+  flag.reset();
+  API_RETURN_IF_ERROR(GetBool(body, "include_stop_str_in_output", &flag));
+  raw->include_stop_str = flag.value_or(false);
   return ParseTripodObject(body, raw);
 }
 

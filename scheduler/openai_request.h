@@ -31,6 +31,7 @@
 //   prompt_logprobs    vLLM's: 0..20, the prompt tokens' log-probabilities in vLLM's shape.
 //                      With echo + logprobs, refused beside tripod.pop on/a ratio > 0, a
 //                      pop_variant or a method (they would not be the full model's numbers)
+//   include_stop_str_in_output   vLLM's: a matched stop string ends the text
 //   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos
 //   tripod             {"pop": "off" | "on" | "" | ratio ("1/3", "0.25", or a number) in [0, 1),
 //                       "pop_variant": "" | "pop" | "noboundary" | "nokv" | "shortgpt" (POP's

@@ -23,8 +23,12 @@ PromptEcho MakePromptEcho(const CompletionRequest& request, std::span<const int3
 
 ojson EchoLogprobs(const PromptEcho& echo, int top_logprobs, const Tokenizer& tokenizer,
                    int64_t* offset) {
-  ojson texts = ojson::array(), lps = ojson::array(), tops = ojson::array(),
-        offsets = ojson::array();
+  ojson out = {{"tokens", ojson::array()},
+               {"token_logprobs", ojson::array()},
+               {"top_logprobs", ojson::array()},
+               {"text_offset", ojson::array()}};
+  ojson &texts = out["tokens"], &lps = out["token_logprobs"], &tops = out["top_logprobs"],
+        &offsets = out["text_offset"];
   int64_t at = 0;
   for (size_t i = 0; i < echo.ids.size(); ++i) {
     const std::string piece = TokenPiece(tokenizer, echo.ids[i]);
@@ -49,11 +53,6 @@ ojson EchoLogprobs(const PromptEcho& echo, int top_logprobs, const Tokenizer& to
     tops.push_back(std::move(top));
   }
   *offset = CodePoints(echo.text);
-  ojson out;
-  out["tokens"] = std::move(texts);
-  out["token_logprobs"] = std::move(lps);
-  out["top_logprobs"] = std::move(tops);
-  out["text_offset"] = std::move(offsets);
   return out;
 }
 

@@ -317,6 +317,7 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
   FillSampling(request_.sampling, g.mutable_sampling());
   g.set_max_tokens(request_.max_tokens - static_cast<int>(generated_.size()));
   for (const std::string& s : request_.stop) g.add_stop(s);
+  g.set_include_stop_str(request_.include_stop_str);
   g.mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
                                      request_.stop_token_ids.end());
   g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));

@@ -69,7 +69,7 @@ constexpr RequestField kFields[] = {
     {"tripod", kBothDoors, kParsed},
     {"suffix", kCompletionsDoor, kNoOp, IsEmptyString, "only empty"},
     {"skip_special_tokens", kBothDoors, kNoOp, IsTrue, "only true: special tokens are skipped"},
-    {"include_stop_str_in_output", kBothDoors, kNoOp, IsFalse, "only false"},
+    {"include_stop_str_in_output", kBothDoors, kParsed},
     // Chat-only OpenAI fields that change nothing without tools or storage.
     {"tools", kChatDoor, kNoOp, IsEmptyList, "this server has no tool calling"},
     {"functions", kChatDoor, kNoOp, IsEmptyList, "this server has no tool calling"},

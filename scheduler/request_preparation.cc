@@ -104,6 +104,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
     p.sampling.seed = rng();
   }
   p.stop = request.stop;
+  p.include_stop_str = request.include_stop_str;
   p.stop_token_ids = request.stop_token_ids;
   if (request.min_tokens > max_tokens) {
     return InvalidRequest(

@@ -26,6 +26,7 @@ import openai
 import pytest
 
 from cluster import Cluster, all_blocks_free, corpus_prompt, cpb, wait_until, MODEL, SOURCE_DIR
+from test_api import detokenize
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 TOL = 1e-3
@@ -49,12 +50,6 @@ def cluster(request):
 def client(cluster):
   return openai.OpenAI(base_url=cluster.s.url + "/v1", api_key="unused", max_retries=0,
                        timeout=300)
-
-
-def detokenize(sched, ids):
-  status, body, _ = sched.http("POST", "/detokenize", {"tokens": ids})
-  assert status == 200, body
-  return json.loads(body)["prompt"]
 
 
 def test_loglikelihood_request(cluster, client):
@@ -198,7 +193,6 @@ REFUSED = [
     ("guided_grammar", "root ::= \"a\""),
     ("structured_outputs", {"choice": ["a", "b"]}),
     ("skip_special_tokens", False),
-    ("include_stop_str_in_output", True),
     ("allowed_token_ids", [1, 2, 3]),
     ("bad_words", ["no"]),
     ("use_beam_search", True),
@@ -238,3 +232,22 @@ def test_refusals_through_the_openai_client(cluster, client):
                                      service_tier="auto", parallel_tool_calls=True,
                                      extra_body={"skip_special_tokens": True})
   assert r.usage.completion_tokens >= 1
+
+
+def test_include_stop_str_in_output(cluster, client):
+  """vLLM's include_stop_str_in_output: the matched stop string ends the text."""
+  ids = corpus_prompt(30, offset=3000)
+  free = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=16, temperature=0,
+                                   extra_body={"ignore_eos": True})
+  text = free.choices[0].text
+  stop = text[len(text) // 2:len(text) // 2 + 3]
+  assert stop.strip(), text
+  cut = text[:text.index(stop)]
+  without = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=16, temperature=0,
+                                      stop=[stop], extra_body={"ignore_eos": True})
+  with_stop = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=16,
+                                        temperature=0, stop=[stop],
+                                        extra_body={"ignore_eos": True,
+                                                    "include_stop_str_in_output": True})
+  assert without.choices[0].text == cut and without.choices[0].finish_reason == "stop"
+  assert with_stop.choices[0].text == cut + stop and with_stop.choices[0].finish_reason == "stop"
