@@ -23,15 +23,14 @@ using nlohmann::json;
 class PromptEchoTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    auto gguf = GgufFile::Open(TestModelPath());
-    ASSERT_TRUE(gguf.ok()) << gguf.status();
-    auto tok = Tokenizer::FromGguf(**gguf);
-    ASSERT_TRUE(tok.ok()) << tok.status();
-    tokenizer_ = std::move(*tok).release();
-  }
-  static void TearDownTestSuite() {
-    delete tokenizer_;
-    tokenizer_ = nullptr;
+    static const Tokenizer* const tok = [] {
+      auto gguf = GgufFile::Open(TestModelPath());
+      EXPECT_TRUE(gguf.ok()) << gguf.status();
+      auto t = Tokenizer::FromGguf(**gguf);
+      EXPECT_TRUE(t.ok()) << t.status();
+      return std::move(*t).release();
+    }();
+    tokenizer_ = tok;
   }
 
   // The prompt "Hello world again" with log-probabilities -1, -2 for its later tokens and two
@@ -56,9 +55,9 @@ class PromptEchoTest : public ::testing::Test {
     return e;
   }
 
-  static Tokenizer* tokenizer_;
+  static const Tokenizer* tokenizer_;
 };
-Tokenizer* PromptEchoTest::tokenizer_ = nullptr;
+const Tokenizer* PromptEchoTest::tokenizer_ = nullptr;
 
 ResponseContext Context(ApiKind kind, bool logprobs, int top) {
   ResponseContext c;
