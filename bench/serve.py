@@ -268,9 +268,11 @@ async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Res
         "stream": True,
         "stream_options": {"include_usage": True},
         "ignore_eos": True,
-        # llama-server's names for the same (it honours max_tokens too; older builds n_predict).
-        "n_predict": args.output_tokens,
     }
+    if getattr(args, "other_names", False):
+        # llama-server's names for the same (it honours max_tokens too; older builds n_predict).
+        # Tripod refuses fields it does not implement, so it is not sent them.
+        body["n_predict"] = args.output_tokens
     chunks = 0
     last = 0.0
     res.sent_at = time.perf_counter()
@@ -337,10 +339,11 @@ async def run(args) -> dict:
     timeout = httpx.Timeout(args.timeout, connect=30.0)
     async with httpx.AsyncClient(headers=headers, limits=limits, timeout=timeout,
                                  trust_env=False) as client:
-        if not args.model:
-            r = await client.get(args.base_url + "/models")
-            r.raise_for_status()
-            args.model = r.json()["data"][0]["id"]
+        r = await client.get(args.base_url + "/models")
+        r.raise_for_status()
+        card = r.json()["data"][0]
+        args.model = args.model or card["id"]
+        args.other_names = card.get("owned_by") != "tripod"
         total = args.num_prompts + args.warmup
         if args.token_ids_file:
             ids = [int(t) for t in json.loads(Path(args.token_ids_file).read_text())]

@@ -29,6 +29,10 @@ size_t PickVictim(const std::vector<SchedSeq*>& running) {
   return running.size() - 1;
 }
 
+int ChunkBudget(const SchedSeq& s, int budget) {
+  return s.max_chunk > 0 ? std::min(budget, s.max_chunk) : budget;
+}
+
 // Whether `slots` could never be held, even with every block free: only then is waiting futile.
 // (Nothing running is not enough: KV reservations for transfers in flight hold blocks too, and
 // give them back when the transfer is adopted, released or its lease ends.)
@@ -83,11 +87,12 @@ int Admit(SchedSeq* s, int budget, const SchedulerConfig& config, SchedulerQueue
     s->n_computed = s->n_prompt - 1;
     base_slots = s->snapshot->n_slots;
   } else {
-    attached = cache.AttachCachedPrefix(kv, s->tokens);
+    attached = s->bypass_prefix_cache ? 0 : cache.AttachCachedPrefix(kv, s->tokens);
     s->n_computed = attached;
     base_slots = attached;
   }
-  const int n = std::min(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+  const int n =
+      std::min(static_cast<int>(s->tokens.size()) - s->n_computed, ChunkBudget(*s, budget));
   const int new_slots = s->snapshot != nullptr ? base_slots + n : n;
   auto fail = [&](absl::Status st) {
     cache.FreeSequence(kv);
@@ -134,7 +139,8 @@ StepSchedule ScheduleStep(const SchedulerConfig& config, SchedulerQueues& q, Pag
   // Running sequences, oldest first: each takes its pending tokens (chunked by the budget).
   for (size_t i = 0; i < q.running.size() && budget > 0;) {
     SchedSeq* s = q.running[i];
-    const int n = std::min(static_cast<int>(s->tokens.size()) - s->n_computed, budget);
+    const int n =
+        std::min(static_cast<int>(s->tokens.size()) - s->n_computed, ChunkBudget(*s, budget));
     if (n <= 0) {
       ++i;
       continue;

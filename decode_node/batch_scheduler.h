@@ -42,6 +42,10 @@ struct SchedSeq {
   int reserved_slots = 0;
   bool adopted = false;  // running on an adopted reservation's KV (until preempted)
   int cached_slots = 0;  // prefix-cache slots attached at the first admission
+  // Prompt log-probabilities: no prefix-cache attach (cached positions have no logits), and
+  // chunks of at most max_chunk tokens (0: the step's budget) to bound the logits held.
+  bool bypass_prefix_cache = false;
+  int max_chunk = 0;
   // While running (kv_seq >= 0):
   int32_t kv_seq = -1;
   int n_computed = 0;  // tokens[0, n_computed) have their K/V in the cache (position count)

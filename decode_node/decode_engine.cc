@@ -10,6 +10,7 @@
 #include "common/compute/step_batch.h"
 #include "common/kv/hiding_kv_store.h"
 #include "common/kv/kv_dtype.h"
+#include "common/model/position_logprobs.h"
 #include "common/util/core_share.h"
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
@@ -39,7 +40,7 @@ struct DecodeEngine::Sequence {
       : req(std::move(r)),
         sampler(req.sampling, vocab),
         decoder(tok, req.continuation),
-        stop(req.stop) {
+        stop(req.stop, req.include_stop_str) {
     if (req.constraint != nullptr) {
       constraint_state = req.constraint->start();
       const size_t n = req.prompt.size();
@@ -67,8 +68,9 @@ struct DecodeEngine::Sequence {
   int64_t group = 0;      // the id Submit returned (its Cancel ends every choice)
   int forks_pending = 0;  // choices still to fork from this one's prompt (choice 0 only)
   int n_generated = 0;
-  double submitted = 0;   // Now() at Submit
-  double first_run = -1;  // Now() when first scheduled
+  int prompt_lp_next = 1;  // the next prompt position whose log-probability is owed
+  double submitted = 0;    // Now() at Submit
+  double first_run = -1;   // Now() when first scheduled
 };
 
 namespace {
@@ -153,7 +155,7 @@ absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
     return absl::InvalidArgumentError(
         absl::StrCat("request: the prompt has ", n, " tokens; the context holds ", context_));
   }
-  if (r.max_tokens < 1) return absl::InvalidArgumentError("request: max_tokens must be >= 1");
+  if (r.max_tokens < 0) return absl::InvalidArgumentError("request: max_tokens must be >= 0");
   if (r.n < 1 || r.n > kMaxChoices) {
     return absl::InvalidArgumentError(
         absl::StrCat("request: n ", r.n, " is not in [1, ", kMaxChoices, "]"));
@@ -211,6 +213,20 @@ absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
           "not on a snapshot or trimmed KV");
     }
   }
+  if (r.prompt_logprobs >= 0) {
+    if (r.prompt_logprobs > SamplingParams::kMaxTopLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("request: prompt_logprobs ", r.prompt_logprobs,
+                                                     " is not in [0, ",
+                                                     SamplingParams::kMaxTopLogprobs, "]"));
+    }
+    // The logits of every prompt position come from this engine's full plan over the whole
+    // prompt: KV made elsewhere or a pruned control would give none, or other numbers.
+    if (r.kv != nullptr || r.reserved_kv_seq >= 0 || r.pop_control.active()) {
+      return absl::InvalidArgumentError(
+          "request: prompt log-probabilities need the prompt prefilled here with the full model "
+          "(no transferred KV, no POP control)");
+    }
+  }
   if (r.reserved_kv_seq >= 0) {
     if (r.kv != nullptr) {
       return absl::InvalidArgumentError("request: both a KV snapshot and a KV reservation");
@@ -233,6 +249,10 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
   seq->sched.tokens = seq->req.prompt;
   seq->sched.n_prompt = n;
   seq->sched.snapshot = seq->req.kv.get();
+  if (seq->req.prompt_logprobs >= 0) {
+    seq->sched.bypass_prefix_cache = true;
+    seq->sched.max_chunk = kPromptLogprobRows;
+  }
   if (seq->req.pop_control.active()) {
     seq->sched.plan_key = seq->req.pop_control.MixKey(plan_.KvKey());
   }
@@ -607,6 +627,46 @@ absl::Status DecodeEngine::RunControlledChunk(const ScheduledChunk& c, std::vect
   return absl::OkStatus();
 }
 
+void DecodeEngine::EmitPromptLogprobs(const StepSchedule& sched,
+                                      std::span<const ChunkLogits> rows) {
+  struct Row {
+    Sequence* seq;
+    size_t logits_row;
+    int position;
+  };
+  std::vector<Row> todo;
+  for (size_t i = 0; i < sched.chunks.size(); ++i) {
+    for (int j = 0; j < rows[i].n_prompt_rows; ++j) {
+      todo.push_back({seqs_.at(sched.chunks[i].seq->id).get(), rows[i].first_row + j,
+                      rows[i].first_position + j});
+    }
+  }
+  if (todo.empty()) return;
+  const int32_t vocab = model_->config.vocab_size;
+  std::vector<PromptTokenLogprob> out(todo.size());
+  // A pass over a vocabulary row each (log-sum-exp, rank, top-k): parallel over the rows.
+  ParallelFor(static_cast<int64_t>(todo.size()), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const Row& r = todo[i];
+      const int32_t token = r.seq->sched.tokens[r.position];
+      PositionLogprobs lp =
+          LogprobsAt(std::span<const float>(logits_.data() + r.logits_row * vocab, vocab), token,
+                     r.seq->req.prompt_logprobs);
+      out[i] = {r.position, token, lp.logprob, lp.rank, std::move(lp.top)};
+    }
+  });
+  // One event per sequence, in position order (the rows of a chunk are consecutive).
+  for (size_t i = 0; i < todo.size();) {
+    Sequence& seq = *todo[i].seq;
+    TokenEvent ev;
+    ev.request_id = seq.sched.id;
+    ev.index = seq.n_generated;
+    for (; i < todo.size() && todo[i].seq == &seq; ++i) ev.prompt_logprobs.push_back(out[i]);
+    seq.prompt_lp_next = ev.prompt_logprobs.back().position + 1;
+    if (seq.req.on_event) seq.req.on_event(ev);
+  }
+}
+
 absl::Status DecodeEngine::Step() {
   const double t0 = Now();
   Intake();
@@ -628,14 +688,32 @@ absl::Status DecodeEngine::Step() {
   // (RunControlledChunk); the rest as one batch under the engine's plan, as without controls.
   StepBatch batch;
   std::vector<const ScheduledChunk*> controlled;
-  for (const ScheduledChunk& c : sched.chunks) {
+  // Per chunk: its rows of logits_ (prompt log-probabilities first, then the sampled row).
+  std::vector<ChunkLogits> chunk_logits(sched.chunks.size());
+  for (size_t i = 0; i < sched.chunks.size(); ++i) {
+    const ScheduledChunk& c = sched.chunks[i];
     const SchedSeq& s = *c.seq;
-    if (seqs_.at(s.id)->req.pop_control.active()) {
+    const Sequence& seq = *seqs_.at(s.id);
+    if (seq.req.pop_control.active()) {
       controlled.push_back(&c);
       continue;
     }
     batch.AddSequence(s.kv_seq, s.tokens.data() + s.n_computed, c.n_tokens, s.n_computed, s.kv_len,
-                      c.wants_logits);
+                      false);
+    ChunkLogits& rows = chunk_logits[i];
+    rows.first_row = batch.logit_rows.size();
+    if (seq.req.prompt_logprobs >= 0) {
+      // Row r's logits give the log-probability of prompt token r + 1.
+      const int row_end = std::min(s.n_computed + c.n_tokens, s.n_prompt - 1);
+      rows.first_position = std::max(s.n_computed, seq.prompt_lp_next - 1) + 1;
+      for (int r = rows.first_position - 1; r < row_end; ++r) {
+        batch.logit_rows.push_back(batch.seqs.back().token_begin + (r - s.n_computed));
+        ++rows.n_prompt_rows;
+      }
+    }
+    if (c.wants_logits && seq.req.max_tokens > 0) {
+      batch.logit_rows.push_back(batch.seqs.back().token_begin + c.n_tokens - 1);
+    }
   }
   double forward_s = 0;
   absl::Status status;
@@ -663,16 +741,27 @@ absl::Status DecodeEngine::Step() {
   } else {
     CommitStep(sched, *cache_);
     const int32_t vocab = model_->config.vocab_size;
+    EmitPromptLogprobs(sched, chunk_logits);
     sampling_.clear();
-    size_t batch_row = 0;
-    for (const ScheduledChunk& c : sched.chunks) {
+    std::vector<Sequence*> prompt_only;  // max_tokens 0: the prompt ran, nothing to draw
+    for (size_t i = 0; i < sched.chunks.size(); ++i) {
+      const ScheduledChunk& c = sched.chunks[i];
       if (!c.wants_logits) continue;
       Sequence* seq = seqs_.at(c.seq->id).get();
+      if (seq->req.max_tokens == 0) {
+        prompt_only.push_back(seq);
+        continue;
+      }
       auto it = control_logits.find(&c);
-      const float* row = it != control_logits.end()
-                             ? it->second.data()
-                             : logits_.data() + size_t{1} * (batch_row++) * vocab;
-      sampling_.push_back({seq, row, {}});
+      const size_t row = chunk_logits[i].first_row + chunk_logits[i].n_prompt_rows;
+      const float* logits =
+          it != control_logits.end() ? it->second.data() : logits_.data() + size_t{1} * row * vocab;
+      sampling_.push_back({seq, logits, {}});
+    }
+    for (Sequence* seq : prompt_only) {
+      TokenEvent ev;
+      ev.finish = FinishReason::kLength;
+      Finish(*seq, std::move(ev));
     }
     // A prompt that reached its first token makes its other choices now: they sample their
     // first tokens from the same row, each with its own sampler.

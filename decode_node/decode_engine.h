@@ -23,6 +23,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -186,6 +187,15 @@ class DecodeEngine {
   void ForkChoices(Sequence& parent, const float* logits);
   // Streams a sequence's sampled token (and ends the sequence where it stops).
   void EmitToken(Sequence& s, SampledToken token);
+  // Where a step's chunk finds its rows in logits_: its prompt positions' (prompt
+  // log-probabilities) from first_row, then the row it samples from.
+  struct ChunkLogits {
+    size_t first_row = 0;
+    int n_prompt_rows = 0;
+    int first_position = 0;  // the prompt position of the first of them
+  };
+  // The prompt log-probabilities of this step's rows, one event per sequence (engine thread).
+  void EmitPromptLogprobs(const StepSchedule& sched, std::span<const ChunkLogits> rows);
   void Loop();
   // One chunk of a sequence under a POP control, through the control's plans; *logits gets its
   // last row's logits when the chunk wants them (engine thread).

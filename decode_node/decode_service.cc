@@ -321,12 +321,19 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   r.sampling = *sampling;
   r.max_tokens = req->max_tokens();
   r.stop.assign(req->stop().begin(), req->stop().end());
+  r.include_stop_str = req->include_stop_str();
   r.ignore_eos = req->ignore_eos();
   r.continuation = req->continuation();
   r.stop_token_ids.assign(req->stop_token_ids().begin(), req->stop_token_ids().end());
   r.min_tokens = req->min_tokens();
   r.n = std::max(1, req->n());
   call->n_choices = r.n;
+  if (req->prompt_logprobs()) r.prompt_logprobs = req->prompt_top_logprobs();
+  if (req->prompt_logprobs() && req->transfer_id() != 0) {
+    call->Reject(absl::InvalidArgumentError(
+        "Generate: prompt log-probabilities need the prompt prefilled here (transfer_id 0)"));
+    return reactor;
+  }
   if (req->has_pop_control() && !req->pop_control().variant().empty()) {
     absl::StatusOr<PopControl> pc =
         PopControlFromWire(req->pop_control(), engine_.model().config.n_layers);

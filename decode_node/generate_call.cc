@@ -37,6 +37,18 @@ void EventToWire(const TokenEvent& ev, v1::GenerateResponse* out) {
   if (!ev.error.empty()) out->set_error(ev.error);
   out->set_text_held(ev.text_held);
   out->set_choice(ev.choice);
+  for (const PromptTokenLogprob& p : ev.prompt_logprobs) {
+    v1::PromptLogprob* w = out->add_prompt_logprobs();
+    w->set_position(p.position);
+    w->set_token(p.token);
+    w->set_logprob(p.logprob);
+    w->set_rank(p.rank);
+    for (const TokenLogprob& t : p.top) {
+      v1::TopLogprob* tw = w->add_top();
+      tw->set_token(t.id);
+      tw->set_logprob(t.logprob);
+    }
+  }
 }
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }

@@ -25,6 +25,16 @@ enum class FinishReason : uint8_t {
 
 const char* FinishReasonName(FinishReason r);
 
+// A prompt token's log-probability under the full model, from the logits of the position before
+// it (position_logprobs.h: raw, before bias and penalties).
+struct PromptTokenLogprob {
+  int position = 0;  // 1..n-1: the prompt token's index (token 0 has no logits before it)
+  int32_t token = 0;
+  float logprob = 0.0f;
+  int32_t rank = 0;
+  std::vector<TokenLogprob> top;  // DecodeRequest::prompt_logprobs entries, most likely first
+};
+
 // One event of a request's stream. Token events carry token >= 0; the last event of every
 // request has finish != kNone (it may carry the last token too, or token = -1 when it only
 // reports the end: cancellation, errors).
@@ -39,6 +49,9 @@ struct TokenEvent {
   FinishReason finish = FinishReason::kNone;
   std::string error;       // kError only
   bool text_held = false;  // decoded text held back after this event (TokenEvent's text)
+  // Prompt tokens whose log-probabilities this step computed (token -1, finish kNone; before
+  // the first token's event), in position order.
+  std::vector<PromptTokenLogprob> prompt_logprobs;
   // On the last event only:
   int cached_tokens = 0;      // prompt tokens whose KV came from the prefix cache
   double queue_seconds = -1;  // Submit -> the sequence first ran (-1: it never ran)
@@ -50,12 +63,17 @@ using TokenCallback = std::function<void(const TokenEvent&)>;
 
 inline constexpr size_t kMaxStopTokenIds = 64;
 inline constexpr int kMaxChoices = 256;  // DecodeRequest::n at most
+// Rows of logits held at once for a request's prompt log-probabilities (x vocabulary floats).
+inline constexpr int kPromptLogprobRows = 64;
 
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // token ids, at least one
   SamplingParams sampling;
-  int max_tokens = 16;            // generated tokens at most (>= 1)
+  // Generated tokens at most (>= 0; 0: the prompt runs, no token is drawn, the request ends as
+  // kLength: the prompt's log-probabilities alone).
+  int max_tokens = 16;
   std::vector<std::string> stop;  // stop strings, matched on the decoded text
+  bool include_stop_str = false;  // the matched stop string ends the output (vLLM's)
   // Tokens that end the request as a stop (vLLM's stop_token_ids): sorted, each once. The
   // token's text is part of the output unless it is a control token.
   std::vector<int32_t> stop_token_ids;
@@ -95,6 +113,13 @@ struct DecodeRequest {
   // Every choice streams its events (TokenEvent::choice) and ends with its own final event;
   // Cancel of the id Submit returned ends them all.
   int n = 1;
+  // >= 0: every prompt token's log-probability (positions 1..n-1) with this many alternatives
+  // (<= SamplingParams::kMaxTopLogprobs), streamed in events before the first token. The engine
+  // runs the whole prompt with its full plan for them: not with imported or adopted KV nor a POP
+  // control (refused), and the prefix cache is bypassed (cached positions have no logits). The
+  // prompt runs in chunks of at most kPromptLogprobRows rows, the logits of which are all that
+  // is held at once.
+  int prompt_logprobs = -1;
   TokenCallback on_event;  // may be empty
 };
 

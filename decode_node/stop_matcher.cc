@@ -6,7 +6,8 @@
 
 namespace tripod {
 
-StopMatcher::StopMatcher(std::vector<std::string> stops) {
+StopMatcher::StopMatcher(std::vector<std::string> stops, bool include_stop)
+    : include_stop_(include_stop) {
   for (std::string& s : stops) {
     if (!s.empty()) stops_.push_back(std::move(s));
   }
@@ -18,10 +19,17 @@ StopMatcher::Result StopMatcher::Push(std::string_view piece) {
   held_.append(piece);
   // The earliest match of any stop string; held_ never contains a complete one before this
   // push, so every match is new.
-  size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  // Of two matches at the same place, the one listed first.
+  size_t first = std::string::npos, length = 0;
+  for (const std::string& s : stops_) {
+    const size_t at = held_.find(s);
+    if (at < first) {
+      first = at;
+      length = s.size();
+    }
+  }
   if (first != std::string::npos) {
-    r.text = held_.substr(0, first);
+    r.text = held_.substr(0, include_stop_ ? first + length : first);
     r.stopped = stopped_ = true;
     held_.clear();
     return r;

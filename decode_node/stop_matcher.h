@@ -1,5 +1,6 @@
 // Stop strings on streamed text: text is released only once no stop string can still begin in
-// it, so no part of a stop string is ever streamed; the text before the first match is.
+// it, so no part of a stop string is ever streamed; the text before the first match is (and the
+// matched stop string too with include_stop, vLLM's include_stop_str_in_output).
 #pragma once
 
 #include <string>
@@ -10,11 +11,12 @@ namespace tripod {
 
 class StopMatcher {
  public:
-  explicit StopMatcher(std::vector<std::string> stops);
+  explicit StopMatcher(std::vector<std::string> stops, bool include_stop = false);
 
   struct Result {
     std::string text;      // newly final text
-    bool stopped = false;  // a stop string matched; text ends just before it
+    bool stopped = false;  // a stop string matched; text ends just before it (include_stop:
+                           // just after it)
   };
   // Appends decoded text. After a stop, further pushes return nothing.
   Result Push(std::string_view piece);
@@ -25,7 +27,8 @@ class StopMatcher {
 
  private:
   std::vector<std::string> stops_;  // non-empty strings only
-  std::string held_;                // decoded text not yet released
+  bool include_stop_ = false;
+  std::string held_;  // decoded text not yet released
   bool stopped_ = false;
 };
 

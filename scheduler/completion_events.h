@@ -27,6 +27,16 @@ struct ChoiceOutput {
   std::string finish_reason;  // "stop", "length"
 };
 
+// A prompt token's log-probability under the full model (raw: before bias and penalties), for
+// echo with logprobs and vLLM's prompt_logprobs. Prompt token 0 has none.
+struct PromptLogprob {
+  int position = 0;  // 1..n-1
+  int32_t id = -1;
+  float logprob = 0.0f;
+  int32_t rank = 0;               // 1 + the tokens likelier than it
+  std::vector<TokenLogprob> top;  // most likely first
+};
+
 struct UsageCounts {
   int prompt_tokens = 0;
   int completion_tokens = 0;

@@ -68,12 +68,14 @@ struct CompletionRequest {
   bool prompt_is_ids = false;
   std::vector<ChatMessage> messages;  // kChatCompletion
 
-  // Generated tokens at most; -1: not given (the lifecycle uses context - prompt).
+  // Generated tokens at most; -1: not given (the lifecycle uses context - prompt). 0 only with
+  // echo: the prompt alone comes back (lm-evaluation-harness scores a prompt this way).
   int max_tokens = -1;
   std::string max_tokens_param = "max_tokens";  // the field it came from, for errors
   SamplingParams sampling;  // temperature default 1 as OpenAI's; top_logprobs below
   bool has_seed = false;    // sampling.seed came from the client; else the lifecycle draws one
   std::vector<std::string> stop;
+  bool include_stop_str = false;  // vLLM's include_stop_str_in_output: the stop string is output
   std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;
@@ -92,6 +94,17 @@ struct CompletionRequest {
   bool logprobs = false;  // report the sampled token's log-probability (sampling.top_logprobs:
                           // how many alternatives)
   std::string user;
+
+  // Completions' echo: the prompt's text before the completion's; with logprobs, the prompt
+  // tokens' log-probabilities before the completion's (OpenAI's shape).
+  bool echo = false;
+  // vLLM's prompt_logprobs: the prompt tokens' log-probabilities with this many alternatives each,
+  // in vLLM's `prompt_logprobs` field; -1: not asked.
+  int vllm_prompt_logprobs = -1;
+  // What the decode worker computes: the prompt tokens' log-probabilities with this many
+  // alternatives (the larger of what echo + logprobs and prompt_logprobs ask); -1: none. Such a
+  // request runs the full model over the whole prompt on the decode worker (route_plan.h).
+  int prompt_logprobs = -1;
 
   PopChoice pop;
   MethodChoice method;

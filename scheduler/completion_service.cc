@@ -1,5 +1,6 @@
 #include "scheduler/completion_service.h"
 
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -51,10 +52,11 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
 
   void Run(grpc::CallbackServerContext* context, const v1::CompletionRequest& proto,
            const ApiKeys& keys, Dispatcher& dispatcher) {
+    const int64_t received_unix_s = static_cast<int64_t>(std::time(nullptr));
     CompletionRequest parsed;
     ApiResult<PreparedRequest> prepared = Admit(context, proto, keys, model_, &parsed);
     if (const ApiError* e = std::get_if<ApiError>(&prepared)) return FinishLocked(ToGrpcStatus(*e));
-    ctx_ = MakeResponseContext(parsed, model_.name, model_.created);
+    ctx_ = MakeResponseContext(parsed, model_.name, received_unix_s);
     auto shared = shared_;
     RequestCallbacks cb;
     cb.on_token = [shared](const GeneratedToken& t) {
@@ -136,6 +138,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
   grpc::ServerWriteReactor<v1::CompletionChunk>* Run(grpc::CallbackServerContext* context,
                                                      const v1::CompletionRequest& proto,
                                                      const ApiKeys& keys, Dispatcher& dispatcher) {
+    const int64_t received_unix_s = static_cast<int64_t>(std::time(nullptr));
     auto self = shared_from_this();
     StreamHooks hooks;
     // The client cancelled (or its deadline passed): the request is cancelled on the workers,
@@ -160,7 +163,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
       return reactor;
     }
     parsed.stream = true;
-    ctx_ = MakeResponseContext(parsed, model_.name, model_.created);
+    ctx_ = MakeResponseContext(parsed, model_.name, received_unix_s);
     RequestCallbacks cb;
     cb.on_token = [self](const GeneratedToken& t) { self->OnToken(t); };
     cb.on_end = [self](const CompletionEnd& end) {

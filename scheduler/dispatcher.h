@@ -9,6 +9,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct PreparedRequest {
   int max_tokens = 16;
   SamplingParams sampling;
   std::vector<std::string> stop;
+  bool include_stop_str = false;        // vLLM's include_stop_str_in_output
   std::vector<int32_t> stop_token_ids;  // sorted, each once (vLLM's)
   int min_tokens = 0;                   // vLLM's
   bool ignore_eos = false;
@@ -37,12 +39,18 @@ struct PreparedRequest {
   PopChoice pop;
   MethodChoice method;
   int n = 1;  // candidates the decode worker generates (best_of; choices.h)
+  // >= 0: the prompt tokens' log-probabilities with this many alternatives (echo + logprobs,
+  // prompt_logprobs): the decode worker prefills the whole prompt with the full model.
+  int prompt_logprobs = -1;
 };
 
 // Called from gRPC's threads, one call at a time per request, in order: tokens, then exactly
 // one of on_end / on_error (unless the request was cancelled by its client: then maybe none
 // more). The callbacks must not block.
 struct RequestCallbacks {
+  // With PreparedRequest::prompt_logprobs: the prompt's, in position order, before any token
+  // (in one or more calls).
+  std::function<void(std::span<const PromptLogprob>)> on_prompt_logprobs;
   std::function<void(const GeneratedToken&)> on_token;
   std::function<void(const CompletionEnd&)> on_end;
   // Why the request failed: a status whose code says whose fault it is (request_status.h).

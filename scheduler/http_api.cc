@@ -12,6 +12,7 @@
 #include "scheduler/openai_request.h"
 #include "scheduler/openai_response.h"
 #include "scheduler/openai_tokens.h"
+#include "scheduler/prompt_echo.h"
 #include "scheduler/request_preparation.h"
 #include "scheduler/request_status.h"
 
@@ -57,15 +58,26 @@ struct Answer {
   std::vector<ChoiceOutput> choices ABSL_GUARDED_BY(mu);
   int choices_ended ABSL_GUARDED_BY(mu) = 0;  // streamed with n > 1
   int last_choice ABSL_GUARDED_BY(mu) = 0;    // the choice whose end Finish sends
+  PromptEcho echo ABSL_GUARDED_BY(mu);  // what the answer gives back of its prompt
+  bool echo_sent ABSL_GUARDED_BY(mu) = false;
 
-  // Streams: the headers and the role chunk go with the first piece.
+  // Streams: the headers and the role chunk go with the first piece, then the echoed prompt.
   void SendPiece(std::string piece) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (!headers_sent) {
       headers_sent = true;
       exchange->StartStream();
       exchange->Send(sse->Start(n));
     }
+    if (!echo_sent) {
+      echo_sent = true;
+      exchange->Send(sse->Prompt(echo, n));
+    }
     exchange->Send(std::move(piece));
+  }
+
+  void OnPromptLogprobs(std::span<const PromptLogprob> lps) {
+    MutexLock l(&mu);
+    echo.logprobs.insert(echo.logprobs.end(), lps.begin(), lps.end());
   }
 
   void OnToken(const GeneratedToken& t) {
@@ -105,7 +117,7 @@ struct Answer {
         if (c.finish_reason.empty()) c.finish_reason = end.finish_reason;
       }
       const std::vector<ChoiceOutput> best = BestChoices(std::move(choices), n);
-      exchange->Respond(JsonResponse(CompletionResponseBody(context, best, end, *tokenizer)));
+      exchange->Respond(JsonResponse(CompletionResponseBody(context, best, end, *tokenizer, &echo)));
       return;
     }
     SendPiece(sse->Finish(end, last_choice));
@@ -273,14 +285,16 @@ void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
 }
 
 void HttpApi::TextCompletion(std::shared_ptr<HttpExchange> ex) {
-  Completion(std::move(ex), ApiKind::kCompletion);
+  const int64_t received = ex->received_unix_s();
+  Completion(std::move(ex), ApiKind::kCompletion, received);
 }
 
 void HttpApi::ChatCompletion(std::shared_ptr<HttpExchange> ex) {
-  Completion(std::move(ex), ApiKind::kChatCompletion);
+  const int64_t received = ex->received_unix_s();
+  Completion(std::move(ex), ApiKind::kChatCompletion, received);
 }
 
-void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
+void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind, int64_t received_unix_s) {
   ApiResult<CompletionRequest> parsed = ParseCompletionBody(ex->request().body, kind);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) return RespondError(*ex, *e);
   const CompletionRequest& request = std::get<CompletionRequest>(parsed);
@@ -291,8 +305,13 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
   if (const ApiError* e = std::get_if<ApiError>(&prepared)) return RespondError(*ex, *e);
 
   auto answer = std::make_shared<Answer>();
+  {
+    MutexLock l(&answer->mu);
+    answer->echo = MakePromptEcho(request, std::get<PreparedRequest>(prepared).prompt,
+                                  *config_.model->tokenizer);
+  }
   answer->exchange = ex;
-  answer->context = MakeResponseContext(request, config_.model->name, config_.model->created);
+  answer->context = MakeResponseContext(request, config_.model->name, received_unix_s);
   answer->tokenizer = config_.model->tokenizer.get();
   answer->stream = request.stream;
   answer->n = request.n;
@@ -304,6 +323,9 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind) {
     answer->sse = std::make_unique<SseStream>(answer->context, *answer->tokenizer);
 
   RequestCallbacks callbacks;
+  callbacks.on_prompt_logprobs = [answer](std::span<const PromptLogprob> lps) {
+    answer->OnPromptLogprobs(lps);
+  };
   callbacks.on_token = [answer](const GeneratedToken& t) { answer->OnToken(t); };
   callbacks.on_end = [answer](const CompletionEnd& e) { answer->OnEnd(e); };
   if (request.best_of > 1) {

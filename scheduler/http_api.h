@@ -60,7 +60,9 @@ class HttpApi {
  private:
   void TextCompletion(std::shared_ptr<http::HttpExchange> exchange);
   void ChatCompletion(std::shared_ptr<http::HttpExchange> exchange);
-  void Completion(std::shared_ptr<http::HttpExchange> exchange, ApiKind kind);
+  // received_unix_s: when the I/O thread took the request, every answer's `created`.
+  void Completion(std::shared_ptr<http::HttpExchange> exchange, ApiKind kind,
+                  int64_t received_unix_s);
   void Tokenize(std::shared_ptr<http::HttpExchange> exchange);
   void Detokenize(std::shared_ptr<http::HttpExchange> exchange);
   // Runs fn(exchange) on a work thread, unless the client has gone by then; or answers 429 when

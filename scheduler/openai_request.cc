@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "scheduler/choices.h"
 #include "scheduler/draft_methods.h"
+#include "scheduler/request_fields.h"
 #include "scheduler/structured_output.h"
 
 namespace tripod::scheduler {
@@ -54,6 +55,9 @@ struct RawRequest {
   bool stream = false;
   bool include_usage = false;
   std::string user;
+  bool echo = false;
+  bool include_stop_str = false;
+  std::optional<int64_t> prompt_logprobs;  // vLLM's
   std::string pop;
   std::string pop_variant;
   std::string method;
@@ -128,6 +132,51 @@ std::optional<ApiError> BuildLogitBias(std::vector<std::pair<int64_t, double>> g
   return std::nullopt;
 }
 
+// A ratio ParsePopChoice took ("a" or "a/b") as a number.
+double PopRatioValue(std::string_view text) {
+  const std::vector<absl::string_view> parts =
+      absl::StrSplit(absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())), '/');
+  double num = 0, den = 1;
+  if (!absl::SimpleAtod(parts[0], &num)) return -1;
+  if (parts.size() == 2 && !absl::SimpleAtod(parts[1], &den)) return -1;
+  return den == 0 ? -1 : num / den;
+}
+
+// Prompt log-probabilities come from the full model over the whole prompt (route_plan.h):
+// a request that also asks for a pruned prefill, a POP control or a compression method would get
+// numbers from another model or another prompt, so it is refused rather than approximated.
+std::optional<ApiError> RefuseApproximatePromptLogprobs(const CompletionRequest& req,
+                                                        bool by_echo) {
+  if (req.prompt_logprobs < 0) return std::nullopt;
+  const std::string asked = by_echo && req.vllm_prompt_logprobs < 0
+                                ? "'echo' with 'logprobs' (the prompt's log-probabilities)"
+                                : "'prompt_logprobs'";
+  const std::string why = absl::StrCat(
+      asked, " needs the full model over the whole prompt, which cannot be combined with ");
+  if (req.pop.control()) {
+    return InvalidRequest(
+        absl::StrCat(why, "'tripod.pop_variant' (a POP control runs a pruned model)"),
+        "tripod.pop_variant");
+  }
+  const bool pruned =
+      req.pop.kind == PopChoice::Kind::kOn ||
+      (req.pop.kind == PopChoice::Kind::kRatio && PopRatioValue(req.pop.ratio) != 0);
+  if (pruned) {
+    return InvalidRequest(
+        absl::StrCat(
+            why, "'tripod.pop' \"", req.pop.kind == PopChoice::Kind::kOn ? "on" : req.pop.ratio,
+            "\" (POP prefills the prompt with a pruned model); leave it out or use \"off\""),
+        "tripod.pop");
+  }
+  if (req.method.method != DraftMethod::kNone) {
+    return InvalidRequest(
+        absl::StrCat(why, "'tripod.method' \"", DraftMethodName(req.method.method),
+                     "\" (it compresses the prompt or its KV)"),
+        "tripod.method");
+  }
+  return std::nullopt;
+}
+
 ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   CompletionRequest req;
   req.kind = raw.kind;
@@ -166,7 +215,9 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
     }
   }
 
-  API_RETURN_IF_ERROR(CheckIntRange(raw.max_tokens_param, raw.max_tokens, 1, kInt32Max));
+  // max_tokens 0 with echo: the prompt alone, as vLLM answers lm-evaluation-harness.
+  API_RETURN_IF_ERROR(
+      CheckIntRange(raw.max_tokens_param, raw.max_tokens, raw.echo ? 0 : 1, kInt32Max));
   req.max_tokens = raw.max_tokens.has_value() ? static_cast<int>(*raw.max_tokens) : -1;
   req.max_tokens_param = raw.max_tokens_param;
 
@@ -201,6 +252,12 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
   }
   req.logprobs = raw.logprobs;
   if (raw.logprobs && raw.top_logprobs) s.top_logprobs = static_cast<int>(*raw.top_logprobs);
+  API_RETURN_IF_ERROR(
+      CheckIntRange("prompt_logprobs", raw.prompt_logprobs, 0, SamplingParams::kMaxTopLogprobs));
+  req.echo = raw.echo;
+  req.vllm_prompt_logprobs = static_cast<int>(raw.prompt_logprobs.value_or(-1));
+  req.prompt_logprobs =
+      std::max(req.vllm_prompt_logprobs, req.echo && req.logprobs ? s.top_logprobs : -1);
   API_RETURN_IF_ERROR(BuildLogitBias(raw.logit_bias, &s.logit_bias));
   API_RETURN_IF_ERROR(CheckIntRange("min_tokens", raw.min_tokens, 0, kInt32Max));
   req.min_tokens = static_cast<int>(raw.min_tokens.value_or(0));
@@ -237,6 +294,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
     }
   }
   req.stop = std::move(raw.stop);
+  req.include_stop_str = raw.include_stop_str;
   req.ignore_eos = raw.ignore_eos;
   req.stream = raw.stream;
   req.include_usage = raw.include_usage;
@@ -278,6 +336,7 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
         "'tripod.method': the controls run on untrimmed KV",
         "tripod.pop_variant");
   }
+  API_RETURN_IF_ERROR(RefuseApproximatePromptLogprobs(req, raw.echo && raw.logprobs));
   const double budget = raw.budget.value_or(0);
   if (budget != 0) {
     const bool tokens =
@@ -305,40 +364,6 @@ ApiResult<CompletionRequest> BuildRequest(RawRequest raw) {
                           "tripod.budget");
   }
   return req;
-}
-
-// Fields only the HTTP API has that would change the answer if we ignored them: refused unless
-// they hold their no-op value.
-std::optional<ApiError> RefuseUnsupported(const json& body) {
-  std::optional<bool> echo;
-  API_RETURN_IF_ERROR(GetBool(body, "echo", &echo));
-  if (echo.value_or(false)) {
-    return InvalidRequest("'echo' is not supported (only false)", "echo");
-  }
-  std::optional<std::string> suffix;
-  API_RETURN_IF_ERROR(GetString(body, "suffix", &suffix));
-  if (suffix.has_value() && !suffix->empty()) {
-    return InvalidRequest("'suffix' is not supported (only empty)", "suffix");
-  }
-  for (const char* key : {"tools", "functions"}) {
-    auto it = body.find(key);
-    if (it != body.end() && !it->is_null() && !it->empty()) {
-      return InvalidRequest(absl::StrCat("'", key, "' is not supported by this server"), key);
-    }
-  }
-  // Without tools, "none" and "auto" change nothing; "required" or a named function would ask
-  // for a call this server cannot make.
-  for (const char* key : {"tool_choice", "function_call"}) {
-    auto it = body.find(key);
-    if (it == body.end() || it->is_null()) continue;
-    if (it->is_string() && (*it == "none" || *it == "auto")) continue;
-    return InvalidRequest(absl::StrCat("'", key,
-                                       "' is not supported (only \"none\" or \"auto\": this "
-                                       "server has no tool calling)"),
-                          key);
-  }
-  // response_format and vLLM's guided_* fields: scheduler/structured_output.h.
-  return std::nullopt;
 }
 
 // {"50256": -100, ...}: OpenAI's shape, token ids as the keys' decimal text.
@@ -426,6 +451,14 @@ std::optional<ApiError> ParseTripodObject(const json& body, RawRequest* raw) {
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_object()) return InvalidRequest("'tripod' must be an object", "tripod");
   const json& t = *it;
+  for (const auto& [key, value] : t.items()) {
+    if (value.is_null() || key == "pop" || key == "pop_variant" || key == "method" ||
+        key == "budget") {
+      continue;
+    }
+    const std::string param = absl::StrCat("tripod.", key.substr(0, 64));
+    return InvalidRequest(absl::StrCat("'", param, "' is not supported by this server"), param);
+  }
   auto pop = t.find("pop");
   if (pop != t.end() && !pop->is_null()) {
     if (pop->is_string()) {
@@ -480,6 +513,7 @@ std::optional<ApiError> ParseTripodObject(const json& body, RawRequest* raw) {
 
 std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest* raw) {
   raw->kind = kind;
+  API_RETURN_IF_ERROR(RefuseUnsupportedFields(body, kind));
   std::optional<std::string> model;
   API_RETURN_IF_ERROR(GetString(body, "model", &model));
   raw->model = model.value_or("");
@@ -551,6 +585,11 @@ std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest*
       return InvalidRequest("'stream_options' is only allowed when 'stream' is true",
                             "stream_options");
     }
+    for (const auto& [key, value] : so->items()) {
+      if (value.is_null() || key == "include_usage") continue;
+      const std::string param = absl::StrCat("stream_options.", key.substr(0, 64));
+      return InvalidRequest(absl::StrCat("'", param, "' is not supported by this server"), param);
+    }
     flag.reset();
     API_RETURN_IF_ERROR(GetBool(*so, "include_usage", &flag, "stream_options.include_usage"));
     raw->include_usage = flag.value_or(false);
@@ -558,7 +597,15 @@ std::optional<ApiError> FillFromJson(const json& body, ApiKind kind, RawRequest*
   std::optional<std::string> user;
   API_RETURN_IF_ERROR(GetString(body, "user", &user));
   raw->user = user.value_or("");
-  API_RETURN_IF_ERROR(RefuseUnsupported(body));
+  if (kind == ApiKind::kCompletion) {
+    flag.reset();
+    API_RETURN_IF_ERROR(GetBool(body, "echo", &flag));
+    raw->echo = flag.value_or(false);
+  }
+  API_RETURN_IF_ERROR(GetInt(body, "prompt_logprobs", &raw->prompt_logprobs));
+  flag.reset();
+  API_RETURN_IF_ERROR(GetBool(body, "include_stop_str_in_output", &flag));
+  raw->include_stop_str = flag.value_or(false);
   return ParseTripodObject(body, raw);
 }
 

@@ -9,7 +9,8 @@
 //   messages           (chat) non-empty list of {role, content}; content a string or a list of
 //                      {"type":"text","text"} parts (concatenated); roles system, user, assistant,
 //                      developer (-> system); tool/function refused (no tool calling)
-//   max_tokens, max_completion_tokens   1..2^31-1 (both given: max_completion_tokens wins)
+//   max_tokens, max_completion_tokens   1..2^31-1 (both given: max_completion_tokens wins); 0
+//                      too with echo (the prompt alone: lm-evaluation-harness's loglikelihood)
 //   temperature [0, 2]; top_p (0, 1] (below the smallest float: that float); top_k -1..2^31-1 (-1,
 //   0 = off); min_p [0, 1]; repetition_penalty [0.01, 100] (1 = off); presence_penalty,
 //   frequency_penalty [-2, 2] stop               a string or a list of at most kMaxStops strings
@@ -26,7 +27,12 @@
 //                      stops at any of them (its text kept unless it is a control token)
 //   min_tokens         vLLM's: 0..max_tokens; no end-of-generation or stop token before
 //                      (stop strings still apply)
-//   echo               only false; suffix only empty; tools only empty
+//   echo               completions: the prompt's text (and with logprobs its tokens'
+//                      log-probabilities) before the completion's; chat: only false
+//   prompt_logprobs    vLLM's: 0..20, the prompt tokens' log-probabilities in vLLM's shape.
+//                      With echo + logprobs, refused beside tripod.pop on/a ratio > 0, a
+//                      pop_variant or a method (they would not be the full model's numbers)
+//   include_stop_str_in_output   vLLM's: a matched stop string ends the text
 //   response_format, guided_json, guided_regex, guided_choice, structured_outputs
 //                      structured outputs, at most one (scheduler/structured_output.h)
 //   stream, stream_options.include_usage (stream_options needs stream true), user, ignore_eos
@@ -39,7 +45,9 @@
 //                       "budget": tokens kept (a whole number >= 1) or a fraction of the prompt
 //                                 in (0, 1) (0.25 or "1/4"); required with a method, refused
 //                                 without one}
-// Null counts as absent everywhere. Unknown fields are ignored, as OpenAI does.
+// Null counts as absent everywhere. Every other field, no-op and refusal is in the table of
+// request_fields.h: a field it does not name is refused (400 naming it), never ignored; so are
+// unknown keys of `tripod` and `stream_options`. gRPC has no echo or prompt_logprobs yet.
 #pragma once
 
 #include <string_view>

@@ -15,15 +15,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-// vLLM writes -inf log-probabilities as -9999.0: JSON has no infinity.
-double FiniteLogprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
-
-int64_t CodePoints(std::string_view s) {
-  int64_t n = 0;
-  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
-  return n;
-}
-
 ojson Bytes(std::string_view s) {
   ojson a = ojson::array();
   for (unsigned char c : s) a.push_back(static_cast<int>(c));
@@ -148,6 +139,14 @@ void FillProtoTiming(const StageTimes& t, tripod::v1::StageTiming* out) {
 
 }  // namespace
 
+double FiniteLogprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
+
+int64_t CodePoints(std::string_view s) {
+  int64_t n = 0;
+  for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 std::string NewResponseId(ApiKind kind) {
   thread_local std::mt19937_64 rng{std::random_device{}()};
   static constexpr char kHex[] = "0123456789abcdef";
@@ -219,16 +218,16 @@ ojson TimingJson(const StageTimes& t) {
 
 std::string CompletionResponseBody(const ResponseContext& ctx,
                                    std::span<const GeneratedToken> tokens, const CompletionEnd& end,
-                                   const Tokenizer& tokenizer) {
+                                   const Tokenizer& tokenizer, const PromptEcho* echo) {
   ChoiceOutput one;
   one.tokens.assign(tokens.begin(), tokens.end());
   one.finish_reason = end.finish_reason;
-  return CompletionResponseBody(ctx, std::span<const ChoiceOutput>(&one, 1), end, tokenizer);
+  return CompletionResponseBody(ctx, std::span<const ChoiceOutput>(&one, 1), end, tokenizer, echo);
 }
 
 std::string CompletionResponseBody(const ResponseContext& ctx,
                                    std::span<const ChoiceOutput> choices, const CompletionEnd& end,
-                                   const Tokenizer& tokenizer) {
+                                   const Tokenizer& tokenizer, const PromptEcho* echo) {
   const bool chat = ctx.kind == ApiKind::kChatCompletion;
   ojson all = ojson::array();
   for (const ChoiceOutput& c : choices) {
@@ -239,10 +238,22 @@ std::string CompletionResponseBody(const ResponseContext& ctx,
       choice["message"] = {{"role", "assistant"}, {"content", JoinText(tokens)}};
       choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
     } else {
-      choice["text"] = JoinText(tokens);
+      // Each choice gives the prompt back (vLLM's echo with n > 1).
+      const bool echoed = echo != nullptr && echo->echo;
+      choice["text"] = echoed ? echo->text + JoinText(tokens) : JoinText(tokens);
       int64_t offset = 0;
-      choice["logprobs"] =
-          ctx.logprobs ? CompletionLogprobs(ctx, tokens, tokenizer, &offset) : ojson();
+      if (!ctx.logprobs) {
+        choice["logprobs"] = ojson();
+      } else if (echoed) {
+        ojson lps = EchoLogprobs(*echo, ctx.top_logprobs, tokenizer, &offset);
+        AppendLogprobs(CompletionLogprobs(ctx, tokens, tokenizer, &offset), &lps);
+        choice["logprobs"] = std::move(lps);
+      } else {
+        choice["logprobs"] = CompletionLogprobs(ctx, tokens, tokenizer, &offset);
+      }
+      if (echo != nullptr && echo->vllm_prompt_logprobs >= 0) {
+        choice["prompt_logprobs"] = VllmPromptLogprobs(*echo, tokenizer);
+      }
     }
     choice["finish_reason"] = c.finish_reason.empty() ? ojson() : ojson(c.finish_reason);
     all.push_back(std::move(choice));
@@ -253,6 +264,10 @@ std::string CompletionResponseBody(const ResponseContext& ctx,
   body["created"] = ctx.created;
   body["model"] = ctx.model;
   body["choices"] = std::move(all);
+  // vLLM's chat answer carries them beside the choices.
+  if (chat && echo != nullptr && echo->vllm_prompt_logprobs >= 0) {
+    body["prompt_logprobs"] = VllmPromptLogprobs(*echo, tokenizer);
+  }
   body["usage"] = UsageJson(end.usage);
   body["tripod"] = TimingJson(end.times);
   return DumpJson(body);
@@ -290,6 +305,44 @@ std::string SseStream::Start(int n) {
 int64_t& SseStream::TextOffset(int index) {
   if (text_offsets_.size() <= static_cast<size_t>(index)) text_offsets_.resize(index + 1, 0);
   return text_offsets_[index];
+}
+
+std::string SseStream::Prompt(const PromptEcho& echo, int n) {
+  if (!echo.any()) return "";
+  std::string out;
+  for (int i = 0; i < n; ++i) out += PromptChunk(echo, i);
+  return out;
+}
+
+std::string SseStream::PromptChunk(const PromptEcho& echo, int index) {
+  // Chat gives no prompt text back; its prompt_logprobs go once, beside the choices.
+  if (ctx_.kind == ApiKind::kChatCompletion && index > 0) return "";
+  int64_t& text_offset = TextOffset(index);
+  ojson choice;
+  choice["index"] = index;
+  ojson c = ChunkHeader();
+  if (ctx_.kind == ApiKind::kChatCompletion) {
+    choice["delta"] = ojson::object();
+    choice["logprobs"] = nullptr;
+  } else {
+    choice["text"] = echo.echo ? echo.text : "";
+    if (echo.echo_logprobs) {
+      choice["logprobs"] = EchoLogprobs(echo, ctx_.top_logprobs, *tokenizer_, &text_offset);
+    } else {
+      choice["logprobs"] = nullptr;
+      text_offset += echo.echo ? CodePoints(echo.text) : 0;
+    }
+    if (echo.vllm_prompt_logprobs >= 0) {
+      choice["prompt_logprobs"] = VllmPromptLogprobs(echo, *tokenizer_);
+    }
+  }
+  choice["finish_reason"] = nullptr;
+  c["choices"] = ojson::array({std::move(choice)});
+  if (ctx_.kind == ApiKind::kChatCompletion && echo.vllm_prompt_logprobs >= 0) {
+    c["prompt_logprobs"] = VllmPromptLogprobs(echo, *tokenizer_);
+  }
+  if (ctx_.include_usage) c["usage"] = nullptr;
+  return SseEvent(c);
 }
 
 std::string SseStream::Tokens(std::span<const GeneratedToken> tokens, int index) {

@@ -10,8 +10,8 @@
 //  - Token text in logprobs is the token's decoded piece (TokenPiece); chat's `bytes` are its
 //    raw bytes, so a token that splits a UTF-8 character shows U+FFFD in `token` and the true
 //    bytes in `bytes`. Non-finite log-probabilities are written as -9999.0 (as vLLM does).
-//  - completions' text_offset counts Unicode code points of the generated text before the
-//    token's text (Python's len, as vLLM does; no echo, so the prompt is not counted).
+//  - completions' text_offset counts Unicode code points of the text before the token's text
+//    (Python's len, as vLLM does); with echo the echoed prompt comes first (prompt_echo.h).
 //  - Our `tripod` timing object always has every key; a stage that did not run is null.
 //  - Streams: the timing rides on the chunk carrying finish_reason and, with include_usage, on
 //    the final usage chunk too. With include_usage every other chunk has "usage": null
@@ -29,6 +29,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/completion_events.h"
 #include "scheduler/completion_request.h"
+#include "scheduler/prompt_echo.h"
 #include "tripod/v1/completion.pb.h"
 
 namespace tripod::scheduler {
@@ -57,15 +58,21 @@ std::string TokenPiece(const Tokenizer& tokenizer, int32_t id);
 nlohmann::ordered_json UsageJson(const UsageCounts& usage);
 nlohmann::ordered_json TimingJson(const StageTimes& times);
 
-// A whole answer: a text_completion or chat.completion object.
+// vLLM writes -inf log-probabilities as -9999.0: JSON has no infinity.
+double FiniteLogprob(float logprob);
+// Unicode code points of UTF-8 text (Python's len, as vLLM counts text offsets).
+int64_t CodePoints(std::string_view text);
+
+// A whole answer: a text_completion or chat.completion object; `echo` (may be null) adds what it
+// gives back of the prompt (prompt_echo.h).
 std::string CompletionResponseBody(const ResponseContext& ctx,
                                    std::span<const GeneratedToken> tokens, const CompletionEnd& end,
-                                   const Tokenizer& tokenizer);
+                                   const Tokenizer& tokenizer, const PromptEcho* echo = nullptr);
 // The same with several choices (n > 1, choices.h), in the given order, each with its index
-// and finish_reason.
+// and finish_reason; each completion choice gives the echoed prompt back.
 std::string CompletionResponseBody(const ResponseContext& ctx,
                                    std::span<const ChoiceOutput> choices, const CompletionEnd& end,
-                                   const Tokenizer& tokenizer);
+                                   const Tokenizer& tokenizer, const PromptEcho* echo = nullptr);
 
 // One stream's SSE events ("data: {...}\n\n"), in order: Start, Tokens (any number of times),
 // Finish. Keeps each choice's text offset across chunks. Not thread-safe. With n > 1 choices
@@ -78,6 +85,10 @@ class SseStream {
   // chat: the chunk with delta {"role":"assistant","content":""} for each of n choices;
   // completions: "" (none).
   std::string Start(int n = 1);
+  // The chunks of what the answer gives back of its prompt, one per choice, before the first
+  // token's (vLLM sends the echoed prompt first): completions' echoed text (with logprobs its
+  // tokens' entries) and prompt_logprobs (chat: beside the choices); "" when none is asked.
+  std::string Prompt(const PromptEcho& echo, int n = 1);
   // One chunk for these tokens of choice `index` (several when a front end coalesces); "" when
   // there is nothing to send (no text and no logprobs wanted).
   std::string Tokens(std::span<const GeneratedToken> tokens, int index = 0);
@@ -93,6 +104,7 @@ class SseStream {
   nlohmann::ordered_json ChunkHeader() const;
   nlohmann::ordered_json FinishChunk(int index, const std::string& finish_reason) const;
   int64_t& TextOffset(int index);
+  std::string PromptChunk(const PromptEcho& echo, int index);
 
   ResponseContext ctx_;
   const Tokenizer* tokenizer_;

@@ -167,7 +167,7 @@ void Call::MethodFallback(const std::string& why) {
 void Call::ChooseWorkers() {
   const WorkerSnapshot workers = Workers();
   RoutePlan plan = PlanRoute(static_cast<int>(prompt_.size()), request_.pop, workers,
-                             dispatcher_->options(), request_id_);
+                             dispatcher_->options(), request_id_, request_.prompt_logprobs >= 0);
   if (!plan.status.ok()) return Finish("error", &plan.status);
   decode_ = std::move(plan.decode);
   decode_->AddInflight(1);
@@ -317,6 +317,7 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
   FillSampling(request_.sampling, g.mutable_sampling());
   g.set_max_tokens(request_.max_tokens - static_cast<int>(generated_.size()));
   for (const std::string& s : request_.stop) g.add_stop(s);
+  g.set_include_stop_str(request_.include_stop_str);
   g.mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
                                      request_.stop_token_ids.end());
   g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
@@ -327,6 +328,11 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
     g.mutable_constraint()->set_generated(static_cast<int>(generated_.size()));
   }
   if (request_.n > 1) g.set_n(request_.n);
+  // Until every prompt position's log-probability is in (a migrated stream's new worker computes
+  // what the dead one did not send).
+  const int prompt_positions = static_cast<int>(request_.prompt.size()) - 1;
+  g.set_prompt_logprobs(request_.prompt_logprobs >= 0 && prompt_logprobs_next_ <= prompt_positions);
+  g.set_prompt_top_logprobs(std::max(0, request_.prompt_logprobs));
   if (request_.pop.control()) {
     // The decode worker runs the control's plans on its rows, whoever prefilled the prompt.
     v1::PopControlSpec& pc = *g.mutable_pop_control();
@@ -347,6 +353,7 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
 void Call::OnReadDone(bool ok) {
   if (!ok) return;  // the stream ended: OnDone follows
   const v1::GenerateResponse& ev = event_;
+  if (ev.prompt_logprobs_size() > 0 && !cancelled()) PassPromptLogprobs(ev);
   if ((ev.token() >= 0 || !ev.text().empty()) && !cancelled()) {
     const absl::Time now = absl::Now();
     if (ev.token() >= 0) {
@@ -392,6 +399,25 @@ void Call::OnChoiceEnded(const v1::GenerateResponse& ev) {
     callbacks_.on_choice_end(ev.choice(), ev.finish() == v1::FINISH_STOP ? "stop" : "length");
   }
   end_seen_ = choices_ended_ >= request_.n;
+}
+
+void Call::PassPromptLogprobs(const v1::GenerateResponse& ev) {
+  // Positions of the original prompt not passed on yet (a migrated stream's prompt is longer, and
+  // its new worker starts over).
+  const int n = static_cast<int>(request_.prompt.size());
+  std::vector<PromptLogprob> lps;
+  for (const v1::PromptLogprob& w : ev.prompt_logprobs()) {
+    if (w.position() != prompt_logprobs_next_ || w.position() >= n) continue;
+    PromptLogprob p;
+    p.position = w.position();
+    p.id = w.token();
+    p.logprob = w.logprob();
+    p.rank = w.rank();
+    for (const v1::TopLogprob& t : w.top()) p.top.push_back({t.token(), t.logprob()});
+    lps.push_back(std::move(p));
+    ++prompt_logprobs_next_;
+  }
+  if (!lps.empty() && callbacks_.on_prompt_logprobs) callbacks_.on_prompt_logprobs(lps);
 }
 
 void Call::OnDone(const grpc::Status& status) {

@@ -85,6 +85,8 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   void Migrate(std::shared_ptr<Worker> other, const grpc::Status& status);
   // n > 1: one choice's final event (the stream ends after the last).
   void OnChoiceEnded(const v1::GenerateResponse& ev);
+  // The prompt log-probabilities of a Generate event, the positions not passed on yet.
+  void PassPromptLogprobs(const v1::GenerateResponse& ev);
   // Ends the request once: the callback (unless the client left), metrics, the dispatcher.
   void Finish(const std::string& finish, const absl::Status* error);
   bool cancelled() const;
@@ -143,7 +145,8 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   int choice_tokens_ = 0;       // completion tokens of the choices that ended
   bool choice_failed_ = false;  // a choice ended neither "stop" nor "length": end_ holds it
   int migrations_ = 0;
-  int carried_tokens_ = 0;  // tokens streamed by decode workers before the current one
+  int carried_tokens_ = 0;        // tokens streamed by decode workers before the current one
+  int prompt_logprobs_next_ = 1;  // the next prompt position whose log-probability is owed
   absl::Time started_;
   absl::Time last_token_;
   StageTimes times_;

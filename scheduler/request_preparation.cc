@@ -104,6 +104,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
     p.sampling.seed = rng();
   }
   p.stop = request.stop;
+  p.include_stop_str = request.include_stop_str;
   p.stop_token_ids = request.stop_token_ids;
   if (request.min_tokens > max_tokens) {
     return InvalidRequest(
@@ -117,6 +118,7 @@ ApiResult<PreparedRequest> PrepareRequest(const CompletionRequest& request,
   p.pop = request.pop;
   p.method = request.method;
   p.n = request.best_of;
+  p.prompt_logprobs = request.prompt_logprobs;
   return p;
 }
 

@@ -73,7 +73,7 @@ std::string PopRatioFor(const PopChoice& pop, const DispatcherOptions& options) 
 }
 
 RoutePlan PlanRoute(int prompt_tokens, const PopChoice& pop, const WorkerSnapshot& workers,
-                    const DispatcherOptions& options, uint64_t rotation) {
+                    const DispatcherOptions& options, uint64_t rotation, bool full_prompt_logits) {
   RoutePlan plan;
   plan.decode = PickDecode(workers.decode, prompt_tokens, rotation);
   if (plan.decode == nullptr) {
@@ -82,7 +82,7 @@ RoutePlan PlanRoute(int prompt_tokens, const PopChoice& pop, const WorkerSnapsho
   }
   // A prompt of one token has no KV to move; short ones prefill faster where they decode.
   const bool direct = prompt_tokens < std::max(2, options.direct_prefill_tokens);
-  if (direct || workers.prefill.empty()) return plan;
+  if (direct || workers.prefill.empty() || full_prompt_logits) return plan;
   plan.route = Route::kDisaggregated;
   plan.pop_ratio = PopRatioFor(pop, options);
   return plan;

@@ -79,8 +79,14 @@ struct RoutePlan {
   Route route = Route::kDecodeOnly;
   std::string pop_ratio;  // kDisaggregated: what PopRatioFor says
 };
+// A request asking for its prompt's log-probabilities (full_prompt_logits) is decode-only whatever
+// its length: the decode worker prefills the whole prompt with its full plan and reports the
+// log-softmax at every prompt position. A prefill worker cannot: POP's pruned layers give no
+// prompt logits, and a prefill worker's KV arrives without logits. The parser has refused the
+// requests that ask for a pruned plan or a compression method with them.
 RoutePlan PlanRoute(int prompt_tokens, const PopChoice& pop, const WorkerSnapshot& workers,
-                    const DispatcherOptions& options, uint64_t rotation);
+                    const DispatcherOptions& options, uint64_t rotation,
+                    bool full_prompt_logits = false);
 
 // The prefill worker of a disaggregated request, skipping `exclude` (the one that just failed).
 // None that runs the plan: the decode worker prefills, as kDecodeOnly on the first choice (a

@@ -25,6 +25,7 @@
 #include <boost/beast/http/status.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <cstdint>
+#include <ctime>
 #include <deque>
 #include <exception>
 #include <limits>
@@ -797,7 +798,9 @@ using internal::ServerCore;
 // ---- HttpExchange ----
 
 HttpExchange::HttpExchange(HttpRequest request, std::shared_ptr<ExchangeState> state)
-    : request_(std::move(request)), state_(std::move(state)) {}
+    : request_(std::move(request)),
+      state_(std::move(state)),
+      received_unix_s_(static_cast<int64_t>(std::time(nullptr))) {}
 
 HttpExchange::~HttpExchange() {
   if (state_->closed.load()) return;

@@ -36,6 +36,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -63,6 +64,8 @@ class HttpExchange {
   HttpExchange& operator=(const HttpExchange&) = delete;
 
   const HttpRequest& request() const { return request_; }
+  // When the whole request had arrived (Unix seconds): an answer's `created`.
+  int64_t received_unix_s() const { return received_unix_s_; }
 
   // A whole response (with Content-Length). At most one of Respond and StartStream takes effect;
   // later calls are ignored.
@@ -95,6 +98,7 @@ class HttpExchange {
 
   const HttpRequest request_;
   const std::shared_ptr<internal::ExchangeState> state_;
+  const int64_t received_unix_s_;
 };
 
 using Handler = std::function<void(std::shared_ptr<HttpExchange>)>;  // called on an I/O thread

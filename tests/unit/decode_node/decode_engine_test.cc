@@ -299,7 +299,7 @@ TEST_F(DecodeEngineTest, RejectsBadRequests) {
   EXPECT_FALSE(e->Submit(Greedy({}, 4, &s)).ok());
   EXPECT_FALSE(e->Submit(Greedy({1, -3}, 4, &s)).ok());
   EXPECT_FALSE(e->Submit(Greedy({1, 1 << 30}, 4, &s)).ok());
-  EXPECT_FALSE(e->Submit(Greedy({1, 2}, 0, &s)).ok());
+  EXPECT_FALSE(e->Submit(Greedy({1, 2}, -1, &s)).ok());
   DecodeRequest r = Greedy({1, 2, 3}, 4, &s);
   r.sampling.top_p = 7;
   EXPECT_FALSE(e->Submit(std::move(r)).ok());

@@ -646,7 +646,7 @@ TEST_F(DecodeServiceTest, ValidationDrainingAndProtocol) {
   // Longer than the whole cache (64 MiB of f32 KV: ~1456 slots).
   absl::StatusOr<v1::ReserveResponse> big = w.Reserve(4000);
   EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted) << big.status();
-  const Result bad = Generate(w, Greedy({1, 2, 3}, 0));
+  const Result bad = Generate(w, Greedy({1, 2, 3}, -1));
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   v1::GenerateRequest neg = Greedy({1, 2, 3}, 4);
   neg.mutable_sampling()->set_temperature(-2);

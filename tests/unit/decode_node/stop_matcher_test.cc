@@ -58,5 +58,18 @@ TEST(StopMatcherTest, StopSpanningManyPieces) {
   EXPECT_TRUE(m.stopped());
 }
 
+TEST(StopMatcherTest, IncludeStopKeepsTheMatchedString) {
+  StopMatcher m({"END", "EN", "xyz"}, /*include_stop=*/true);
+  EXPECT_EQ(m.Push("abc E").text, "abc ");
+  StopMatcher::Result r = m.Push("NDtail");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "END");  // both match at the same place: the one listed first
+  EXPECT_EQ(m.Push("more").text, "");
+  StopMatcher one({"xyz"}, true);
+  r = one.Push("12xyz34");
+  EXPECT_TRUE(r.stopped);
+  EXPECT_EQ(r.text, "12xyz");
+}
+
 }  // namespace
 }  // namespace tripod

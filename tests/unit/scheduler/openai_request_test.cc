@@ -93,7 +93,6 @@ TEST(OpenAiRequestTest, EveryFieldSet) {
                       {"stream", true},
                       {"stream_options", {{"include_usage", true}}},
                       {"ignore_eos", true},
-                      {"some_unknown_field", {{"x", 1}}},
                       {"tripod", {{"pop", "1/3"}, {"method", "speckv"}, {"budget", 64}}}});
   EXPECT_EQ(r.max_tokens, 7);
   EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
@@ -421,7 +420,7 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kChat, {{"logprobs", 3}}, "logprobs", "boolean"},
       {kChat, {{"logprobs", true}, {"top_logprobs", 21}}, "top_logprobs", "[0, 20]"},
       {kChat, {{"top_logprobs", 2}}, "top_logprobs", "logprobs"},
-      {kCmpl, {{"echo", true}}, "echo", "not supported"},
+      {kChat, {{"echo", true}}, "echo", "not supported"},
       {kCmpl, {{"echo", "no"}}, "echo", "boolean"},
       {kCmpl, {{"suffix", "tail"}}, "suffix", "not supported"},
       {kCmpl, {{"logit_bias", {{"50256", -101}}}}, "logit_bias", "[-100, 100]"},

@@ -87,6 +87,7 @@ TEST(RoutePlanTest, FirstRoute) {
     std::string decode;
     Route route;
     std::string ratio;
+    bool prompt_logprobs = false;  // the request asks for its prompt's log-probabilities
   } cases[] = {
       {"no decode worker",
        100,
@@ -160,11 +161,53 @@ TEST(RoutePlanTest, FirstRoute) {
        "d:idle",
        Route::kDisaggregated,
        "0"},
+      // Prompt log-probabilities: the decode worker prefills the whole prompt with its full plan,
+      // whatever the length and whoever could prefill it.
+      {"prompt logprobs: a long prompt stays on the decode worker",
+       100,
+       32,
+       {{busy, idle}, {prefill}, {}},
+       {},
+       absl::StatusCode::kOk,
+       "d:idle",
+       Route::kDecodeOnly,
+       "",
+       true},
+      {"prompt logprobs with POP off asked",
+       100,
+       32,
+       {{idle}, {prefill}, {}},
+       {PopChoice::Kind::kOff, ""},
+       absl::StatusCode::kOk,
+       "d:idle",
+       Route::kDecodeOnly,
+       "",
+       true},
+      {"prompt logprobs under a scheduler default of POP 1/3",
+       5000,
+       0,
+       {{idle}, {prefill}, {}},
+       {PopChoice::Kind::kDefault, ""},
+       absl::StatusCode::kOk,
+       "d:idle",
+       Route::kDecodeOnly,
+       "",
+       true},
+      {"prompt logprobs without a decode worker",
+       100,
+       32,
+       {{}, {prefill}, {}},
+       {},
+       absl::StatusCode::kUnavailable,
+       "",
+       Route::kDecodeOnly,
+       "",
+       true},
   };
   for (const auto& c : cases) {
     DispatcherOptions o;
     o.direct_prefill_tokens = c.direct_threshold;
-    const RoutePlan p = PlanRoute(c.prompt_tokens, c.pop, c.workers, o, 0);
+    const RoutePlan p = PlanRoute(c.prompt_tokens, c.pop, c.workers, o, 0, c.prompt_logprobs);
     EXPECT_EQ(p.status.code(), c.code) << c.name;
     EXPECT_EQ(Address(p.decode), c.decode) << c.name;
     if (!p.status.ok()) {
