@@ -58,7 +58,7 @@ struct Answer {
   std::vector<ChoiceOutput> choices ABSL_GUARDED_BY(mu);
   int choices_ended ABSL_GUARDED_BY(mu) = 0;  // streamed with n > 1
   int last_choice ABSL_GUARDED_BY(mu) = 0;    // the choice whose end Finish sends
-  PromptEcho echo ABSL_GUARDED_BY(mu);  // what the answer gives back of its prompt
+  PromptEcho echo ABSL_GUARDED_BY(mu);        // what the answer gives back of its prompt
   bool echo_sent ABSL_GUARDED_BY(mu) = false;
 
   // Streams: the headers and the role chunk go with the first piece, then the echoed prompt.
@@ -117,7 +117,8 @@ struct Answer {
         if (c.finish_reason.empty()) c.finish_reason = end.finish_reason;
       }
       const std::vector<ChoiceOutput> best = BestChoices(std::move(choices), n);
-      exchange->Respond(JsonResponse(CompletionResponseBody(context, best, end, *tokenizer, &echo)));
+      exchange->Respond(
+          JsonResponse(CompletionResponseBody(context, best, end, *tokenizer, &echo)));
       return;
     }
     SendPiece(sse->Finish(end, last_choice));

@@ -100,7 +100,8 @@ TEST_F(PromptEchoTest, EchoWithLogprobsPutsThePromptFirst) {
 
 TEST_F(PromptEchoTest, EchoAloneAndVllmShape) {
   const PromptEcho e = Echo(true, false, 1);
-  const json body = json::parse(CompletionResponseBody(Context(ApiKind::kCompletion, false, 0), {},
+  const json body = json::parse(CompletionResponseBody(Context(ApiKind::kCompletion, false, 0),
+                                                       std::span<const GeneratedToken>(),
                                                        CompletionEnd{}, *tokenizer_, &e));
   const json& c = body["choices"][0];
   EXPECT_EQ(c["text"], "Hello world again");
@@ -118,7 +119,8 @@ TEST_F(PromptEchoTest, EchoAloneAndVllmShape) {
   // Chat: beside the choices.
   const PromptEcho chat = Echo(false, false, 0);
   const json cb = json::parse(CompletionResponseBody(Context(ApiKind::kChatCompletion, false, 0),
-                                                     {}, CompletionEnd{}, *tokenizer_, &chat));
+                                                     std::span<const GeneratedToken>(),
+                                                     CompletionEnd{}, *tokenizer_, &chat));
   ASSERT_EQ(cb["prompt_logprobs"].size(), 3u);
   EXPECT_EQ(cb["prompt_logprobs"][2].size(), 1u);
   EXPECT_FALSE(cb["choices"][0].contains("prompt_logprobs"));
