@@ -23,10 +23,10 @@ using ::testing::HasSubstr;
 constexpr char kCatalogue[] = R"({
   "default": "tiny",
   "models": {
-    "big-model": {"file": "big.gguf", "bytes": 12, "draft": "tiny",
+    "big-model": {"file": "big.gguf", "bytes": 12, "draft": "tiny", "pop": "1/3",
                   "sha256": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
                   "parts": {"count": 2, "package": "big-{n}", "version": "1", "member": "p{nn}"}},
-    "tiny": {"file": "tiny.gguf", "bytes": 4,
+    "tiny": {"file": "tiny.gguf", "bytes": 4, "pop": "0",
              "sha256": "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff",
              "parts": {"count": 1, "package": "tiny", "version": "1", "member": "tiny.gguf"}}
   }
