@@ -75,8 +75,7 @@ TEST(RequestFieldsTest, UnimplementedFieldsAreRefusedNamingTheField) {
   const json values[] = {json::array({"a", "b"}), json{{"type", "object"}}, json("x|y"), json(1),
                          json(true)};
   for (const char* key :
-       {"guided_choice", "guided_json", "guided_regex", "guided_grammar", "structured_outputs",
-        "allowed_token_ids", "bad_words", "logits_processors", "use_beam_search",
+       {"guided_grammar", "guided_whitespace_pattern", "allowed_token_ids", "bad_words", "logits_processors", "use_beam_search",
         "truncate_prompt_tokens", "some_unknown_field", "nvext"}) {
     for (ApiKind kind : {kCmpl, kChat}) {
       for (const json& v : values) {
@@ -112,8 +111,8 @@ TEST(RequestFieldsTest, FieldsOfTheOtherDoorAreRefused) {
   e = Err(kChat, {{"prompt", "x"}});
   EXPECT_EQ(e.param, "prompt");
   EXPECT_THAT(e.message, HasSubstr("/v1/chat/completions"));
-  e = Err(kCmpl, {{"response_format", {{"type", "text"}}}});
-  EXPECT_EQ(e.param, "response_format");
+  e = Err(kCmpl, {{"top_logprobs", 2}});
+  EXPECT_EQ(e.param, "top_logprobs");
 }
 
 TEST(RequestFieldsTest, NoOpFieldsTakeOnlyTheValuesThatChangeNothing) {
@@ -142,7 +141,6 @@ TEST(RequestFieldsTest, NoOpFieldsTakeOnlyTheValuesThatChangeNothing) {
       {kChat, {{"metadata", "x"}}, "metadata", "object"},
       {kChat, {{"echo", true}}, "echo", "only false"},
       {kChat, {{"tool_choice", "required"}}, "tool_choice", "no tool calling"},
-      {kChat, {{"response_format", {{"type", "json_object"}}}}, "response_format", "text"},
       {kCmpl, {{"suffix", "x"}}, "suffix", "only empty"},
       {kCmpl, {{"tripod", {{"pop", "off"}, {"fast", true}}}}, "tripod.fast", "not supported"},
       {kCmpl,
