@@ -58,6 +58,8 @@ struct MethodChoice {
   double budget_fraction = 0;  // else this fraction of the prompt, in (0, 1)
 };
 
+enum class ToolChoice { kAuto, kNone, kRequired, kNamed };
+
 struct CompletionRequest {
   ApiKind kind = ApiKind::kCompletion;
   std::string model;  // as the client named it (checked against the served names)
@@ -108,6 +110,15 @@ struct CompletionRequest {
 
   PopChoice pop;
   MethodChoice method;
+
+  // Chat tool calling (tool_calls.h): each tool's JSON as the template renders it, the names,
+  // and the choice; "none" leaves the tools out of the prompt and the output as plain content.
+  std::vector<std::string> tools_json;
+  std::vector<std::string> tool_names;
+  ToolChoice tool_choice = ToolChoice::kAuto;
+  std::string tool_choice_name;  // kNamed
+  bool parallel_tool_calls = true;
+  bool ParsesToolCalls() const { return !tools_json.empty() && tool_choice != ToolChoice::kNone; }
 };
 
 }  // namespace tripod::scheduler

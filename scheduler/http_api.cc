@@ -355,9 +355,11 @@ void HttpApi::Tokenize(std::shared_ptr<HttpExchange> ex) {
   if (r.is_chat && !config_.model->chat_template.has_value()) {
     return RespondError(*ex, InvalidRequest(config_.model->chat_template_error, "messages"));
   }
-  const std::vector<int32_t> ids = scheduler::Tokenize(
+  ApiResult<std::vector<int32_t>> ids = scheduler::Tokenize(
       r, *config_.model->tokenizer, config_.model->chat_template.value_or(ChatTemplate{}));
-  ex->Respond(JsonResponse(TokenizeResponseBody(ids, config_.model->max_model_len)));
+  if (const ApiError* e = std::get_if<ApiError>(&ids)) return RespondError(*ex, *e);
+  ex->Respond(JsonResponse(
+      TokenizeResponseBody(std::get<std::vector<int32_t>>(ids), config_.model->max_model_len)));
 }
 
 void HttpApi::Detokenize(std::shared_ptr<HttpExchange> ex) {

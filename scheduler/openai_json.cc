@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/tool_calls.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -243,18 +244,21 @@ std::optional<ApiError> ParseChatMessagesJson(const json& messages, std::vector<
     } else {
       return TypeError(content_param, "a string or a list of text parts", *content);
     }
-    // A tool call in the history would be rendered by the model's template (Qwen2.5's writes
-    // <tool_call> blocks); Tripod renders no tool calls, so it refuses them rather than drop
-    // them silently. null and [] say "no call" and pass.
-    for (const char* key : {"tool_calls", "function_call"}) {
-      const json* calls = Field(m, key);
-      if (calls != nullptr && !calls->empty()) {
-        const std::string param = absl::StrCat(at, ".", key);
-        return InvalidRequest(absl::StrCat("'", param,
-                                           "' is not supported (this server has no tool "
-                                           "calling)"),
-                              param);
+    // An assistant turn's calls go back into the prompt as the template writes them
+    // (tool_calls.h); the legacy function_call is refused rather than dropped. null and [] say
+    // "no call" and pass.
+    if (const json* calls = Field(m, "tool_calls"); calls != nullptr && !calls->empty()) {
+      if (msg.role != "assistant") {
+        return InvalidRequest(absl::StrCat("'", at, ".tool_calls' belongs to assistant messages"),
+                              at + ".tool_calls");
       }
+      if (auto e = ParseHistoryToolCalls(*calls, at, &msg.tool_calls)) return e;
+    }
+    if (const json* call = Field(m, "function_call"); call != nullptr && !call->empty()) {
+      return InvalidRequest(absl::StrCat("'", at,
+                                         ".function_call' is not supported (the legacy form of "
+                                         "tool_calls)"),
+                            at + ".function_call");
     }
     out->push_back(std::move(msg));
   }
@@ -271,14 +275,15 @@ std::optional<ApiError> ValidateChatMessages(std::vector<ChatMessage>* messages)
       m.role = "system";
       continue;
     }
-    if (m.role == "tool" || m.role == "function") {
-      return InvalidRequest(absl::StrCat("'", param, "' is \"", m.role,
-                                         "\": tool messages are not supported (this server has "
-                                         "no tool calling)"),
+    if (m.role == "tool") continue;  // a tool's result; the template must have a tool format
+    if (m.role == "function") {
+      return InvalidRequest(absl::StrCat("'", param,
+                                         "' is \"function\": the legacy form of tool messages is "
+                                         "not supported (role \"tool\" is)"),
                             param);
     }
     return InvalidRequest(absl::StrCat("'", param,
-                                       "' must be one of system, user, assistant, developer; "
+                                       "' must be one of system, user, assistant, developer, tool; "
                                        "got \"",
                                        m.role, "\""),
                           param);

@@ -56,8 +56,8 @@ bool JsonToInt64(const nlohmann::json& v, int64_t* out);
 std::optional<ApiError> ParseChatMessagesJson(const nlohmann::json& messages,
                                               std::vector<ChatMessage>* out);
 
-// Roles system/user/assistant are kept, developer becomes system (OpenAI's newer name for it);
-// tool/function messages are refused: this server has no tool calling.
+// Roles system/user/assistant/tool are kept, developer becomes system (OpenAI's newer name for
+// it); the legacy function messages are refused.
 std::optional<ApiError> ValidateChatMessages(std::vector<ChatMessage>* messages);
 
 // A completion's `prompt`: a string, a list of one string, a list of token ids, or a list of

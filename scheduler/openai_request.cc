@@ -12,11 +12,14 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/structured/json_schema_regex.h"
 #include "scheduler/choices.h"
 #include "scheduler/draft_methods.h"
 #include "scheduler/request_fields.h"
 #include "scheduler/structured_output.h"
+#include "scheduler/tool_calls.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -640,6 +643,68 @@ ApiResult<PopChoice> ParsePopChoice(std::string_view raw_text) {
   return p;
 }
 
+// tools, tool_choice and parallel_tool_calls (tool_calls.h). The tools are read again from the
+// text in their own key order, which the template's rendering keeps.
+std::optional<ApiError> ParseToolFields(const json& body, std::string_view text,
+                                        CompletionRequest* request) {
+  const bool chat = request->kind == ApiKind::kChatCompletion;
+  nlohmann::ordered_json ordered;  // the tools in the client's key order
+  if (auto it = body.find("tools"); it != body.end() && !it->is_null()) {
+    if (!chat && !it->empty()) {
+      return InvalidRequest("'tools' is for /v1/chat/completions", "tools");
+    }
+    ordered = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false)["tools"];
+    API_RETURN_IF_ERROR(ParseTools(ordered, request));
+  }
+  if (auto it = body.find("tool_choice"); it != body.end()) {
+    API_RETURN_IF_ERROR(ParseToolChoice(*it, request));
+  }
+  std::optional<bool> parallel;
+  API_RETURN_IF_ERROR(GetBool(body, "parallel_tool_calls", &parallel));
+  request->parallel_tool_calls = parallel.value_or(true);
+  if (request->tool_choice != ToolChoice::kRequired && request->tool_choice != ToolChoice::kNamed) {
+    return std::nullopt;
+  }
+  // A forced call: the output is constrained to Qwen2.5's call blocks, each naming an allowed
+  // tool with arguments that match its parameters' schema (common/structured).
+  if (!request->output_regex.empty()) {
+    return InvalidRequest(
+        "'tool_choice' \"required\" or a named function constrains the output already; it "
+        "cannot be combined with a structured output",
+        "tool_choice");
+  }
+  std::vector<std::string> calls;
+  for (size_t i = 0; i < request->tool_names.size(); ++i) {
+    const std::string& name = request->tool_names[i];
+    if (request->tool_choice == ToolChoice::kNamed && name != request->tool_choice_name) continue;
+    const nlohmann::ordered_json& fn = ordered[i]["function"];
+    std::string args = structured::JsonObjectRegex();
+    if (fn.contains("parameters") && !fn["parameters"].is_null()) {
+      absl::StatusOr<std::string> r = structured::JsonSchemaToRegex(fn["parameters"]);
+      if (!r.ok()) {
+        return InvalidRequest(absl::StrCat("'tools[", i, "].function.parameters': ",
+                                           r.status().message(), " (a forced call needs it)"),
+                              absl::StrCat("tools[", i, "].function.parameters"));
+      }
+      args = *std::move(r);
+    }
+    calls.push_back(absl::StrCat(
+        structured::ChoiceRegex({absl::StrCat("{\"name\": \"", name, "\", \"arguments\": ")}), "(",
+        args, ")", structured::ChoiceRegex({"}"})));
+  }
+  const std::string one =
+      absl::StrCat(structured::ChoiceRegex({"<tool_call>\n"}), "(", absl::StrJoin(calls, "|"), ")",
+                   structured::ChoiceRegex({"\n</tool_call>"}));
+  std::string regex = one;
+  if (request->parallel_tool_calls) {
+    absl::StrAppend(&regex, "(", structured::ChoiceRegex({"\n"}), one, ")*");
+  }
+  ApiResult<std::string> checked = CheckOutputRegex(regex, "tool_choice");
+  if (auto* e = std::get_if<ApiError>(&checked)) return *std::move(e);
+  request->output_regex = std::get<std::string>(std::move(checked));
+  return std::nullopt;
+}
+
 ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind kind) {
   ApiResult<json> parsed = ParseJsonObject(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
@@ -653,7 +718,10 @@ ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind 
     output_regex = std::get<std::string>(std::move(r));
   }
   ApiResult<CompletionRequest> req = BuildRequest(std::move(raw));
-  if (auto* r = std::get_if<CompletionRequest>(&req)) r->output_regex = std::move(output_regex);
+  if (auto* r = std::get_if<CompletionRequest>(&req)) {
+    r->output_regex = std::move(output_regex);
+    API_RETURN_IF_ERROR(ParseToolFields(std::get<json>(parsed), body, r));
+  }
   return req;
 }
 

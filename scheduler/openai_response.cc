@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -137,6 +138,21 @@ void FillProtoTiming(const StageTimes& t, tripod::v1::StageTiming* out) {
   }
 }
 
+// OpenAI's tool_calls list; in a stream each call carries its index (first_index and on; -1:
+// none, a whole answer).
+ojson ToolCallsJson(std::span<const ToolCall> calls, int first_index) {
+  ojson out = ojson::array();
+  for (size_t i = 0; i < calls.size(); ++i) {
+    ojson c;
+    if (first_index >= 0) c["index"] = first_index + static_cast<int>(i);
+    c["id"] = calls[i].id;
+    c["type"] = "function";
+    c["function"] = {{"name", calls[i].name}, {"arguments", calls[i].arguments}};
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 double FiniteLogprob(float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; }
@@ -168,6 +184,8 @@ ResponseContext MakeResponseContext(const CompletionRequest& request, std::strin
   ctx.logprobs = request.logprobs;
   ctx.top_logprobs = request.sampling.top_logprobs;
   ctx.include_usage = request.include_usage;
+  ctx.parse_tool_calls = request.ParsesToolCalls();
+  ctx.max_tool_calls = request.parallel_tool_calls ? std::numeric_limits<int>::max() : 1;
   return ctx;
 }
 
@@ -234,7 +252,17 @@ std::string CompletionResponseBody(const ResponseContext& ctx,
     const std::span<const GeneratedToken> tokens = c.tokens;
     ojson choice;
     choice["index"] = c.index;
-    if (chat) {
+    std::string finish = c.finish_reason;
+    if (chat && ctx.parse_tool_calls) {
+      ParsedOutput parsed = ParseToolCallOutput(JoinText(tokens), ctx.max_tool_calls);
+      choice["message"] = {{"role", "assistant"},
+                           {"content", parsed.content ? ojson(*parsed.content) : ojson()}};
+      if (!parsed.calls.empty()) {
+        choice["message"]["tool_calls"] = ToolCallsJson(parsed.calls, /*first_index=*/-1);
+        if (finish == "stop") finish = "tool_calls";
+      }
+      choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
+    } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", JoinText(tokens)}};
       choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
     } else {
@@ -255,7 +283,7 @@ std::string CompletionResponseBody(const ResponseContext& ctx,
         choice["prompt_logprobs"] = VllmPromptLogprobs(*echo, tokenizer);
       }
     }
-    choice["finish_reason"] = c.finish_reason.empty() ? ojson() : ojson(c.finish_reason);
+    choice["finish_reason"] = finish.empty() ? ojson() : ojson(finish);
     all.push_back(std::move(choice));
   }
   ojson body;
@@ -345,8 +373,41 @@ std::string SseStream::PromptChunk(const PromptEcho& echo, int index) {
   return SseEvent(c);
 }
 
+ToolCallStream* SseStream::ToolCalls(int index) {
+  if (ctx_.kind != ApiKind::kChatCompletion || !ctx_.parse_tool_calls) return nullptr;
+  while (tool_calls_.size() <= static_cast<size_t>(index)) {
+    tool_calls_.push_back(std::make_unique<ToolCallStream>(ctx_.max_tool_calls));
+    tool_calls_sent_.push_back(0);
+  }
+  return tool_calls_[index].get();
+}
+
+std::string SseStream::ToolCallChunk(const ToolCallStream::Output& out,
+                                     std::span<const GeneratedToken> tokens, int index) {
+  const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
+  if (out.content.empty() && out.calls.empty() && !(ctx_.logprobs && any_token)) return "";
+  ojson delta = ojson::object();
+  if (!out.content.empty()) delta["content"] = out.content;
+  if (!out.calls.empty()) {
+    delta["tool_calls"] = ToolCallsJson(out.calls, tool_calls_sent_[index]);
+    tool_calls_sent_[index] += static_cast<int>(out.calls.size());
+  }
+  ojson choice;
+  choice["index"] = index;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = ctx_.logprobs ? ChatLogprobs(ctx_, tokens, *tokenizer_) : ojson();
+  choice["finish_reason"] = nullptr;
+  ojson c = ChunkHeader();
+  c["choices"] = ojson::array({std::move(choice)});
+  if (ctx_.include_usage) c["usage"] = nullptr;
+  return SseEvent(c);
+}
+
 std::string SseStream::Tokens(std::span<const GeneratedToken> tokens, int index) {
   const std::string text = JoinText(tokens);
+  if (ToolCallStream* calls = ToolCalls(index)) {
+    return ToolCallChunk(calls->Feed(text), tokens, index);
+  }
   const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
   if (text.empty() && !(ctx_.logprobs && any_token)) return "";
   int64_t& text_offset = TextOffset(index);
@@ -387,14 +448,26 @@ ojson SseStream::FinishChunk(int index, const std::string& finish_reason) const 
   return c;
 }
 
+std::string SseStream::FlushToolCalls(int index, std::string* finish_reason) {
+  ToolCallStream* calls = ToolCalls(index);
+  if (calls == nullptr) return "";
+  std::string out = ToolCallChunk(calls->Finish(), {}, index);
+  if (tool_calls_sent_[index] > 0 && *finish_reason == "stop") *finish_reason = "tool_calls";
+  return out;
+}
+
 std::string SseStream::FinishChoice(int index, const std::string& finish_reason) {
-  return SseEvent(FinishChunk(index, finish_reason));
+  std::string finish = finish_reason;
+  std::string out = FlushToolCalls(index, &finish);
+  return out + SseEvent(FinishChunk(index, finish));
 }
 
 std::string SseStream::Finish(const CompletionEnd& end, int index) {
-  ojson c = FinishChunk(index, end.finish_reason);
+  std::string finish = end.finish_reason;
+  std::string out = FlushToolCalls(index, &finish);
+  ojson c = FinishChunk(index, finish);
   c["tripod"] = TimingJson(end.times);
-  std::string out = SseEvent(c);
+  out += SseEvent(c);
   if (ctx_.include_usage) {
     ojson u = ChunkHeader();
     u["choices"] = ojson::array();

@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -30,6 +32,7 @@
 #include "scheduler/completion_events.h"
 #include "scheduler/completion_request.h"
 #include "scheduler/prompt_echo.h"
+#include "scheduler/tool_calls.h"
 #include "tripod/v1/completion.pb.h"
 
 namespace tripod::scheduler {
@@ -43,6 +46,10 @@ struct ResponseContext {
   bool logprobs = false;
   int top_logprobs = 0;
   bool include_usage = false;
+  // Chat with tools (tool_choice not none): the output is read back as tool calls (tool_calls.h);
+  // max_tool_calls 1 when parallel_tool_calls is false.
+  bool parse_tool_calls = false;
+  int max_tool_calls = 0;
 };
 
 // "cmpl-" or "chatcmpl-" and 32 random hex digits.
@@ -106,9 +113,18 @@ class SseStream {
   int64_t& TextOffset(int index);
   std::string PromptChunk(const PromptEcho& echo, int index);
 
+  // Chat with tools: choice `index`'s tool-call reader (null without tools), the chunk of what
+  // it let through ("" when nothing), and its end (finish_reason "tool_calls" after a call).
+  ToolCallStream* ToolCalls(int index);
+  std::string ToolCallChunk(const ToolCallStream::Output& out,
+                            std::span<const GeneratedToken> tokens, int index);
+  std::string FlushToolCalls(int index, std::string* finish_reason);
+
   ResponseContext ctx_;
   const Tokenizer* tokenizer_;
   std::vector<int64_t> text_offsets_;  // by choice: code points of its generated text so far
+  std::vector<std::unique_ptr<ToolCallStream>> tool_calls_;  // by choice
+  std::vector<int> tool_calls_sent_;                         // by choice
 };
 
 // "data: <json>\n\n".

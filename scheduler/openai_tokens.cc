@@ -1,9 +1,11 @@
 #include "scheduler/openai_tokens.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "scheduler/tool_calls.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -22,9 +24,10 @@ std::vector<int32_t> EncodeTextPrompt(const Tokenizer& tokenizer, std::string_vi
 
 std::vector<int32_t> EncodeMessages(const Tokenizer& tokenizer, const ChatTemplate& tmpl,
                                     std::span<const ChatMessage> messages,
-                                    bool add_generation_prompt) {
+                                    bool add_generation_prompt,
+                                    std::span<const std::string> tools) {
   const std::vector<ChatSegment> segments =
-      RenderChatSegments(tmpl, messages, add_generation_prompt);
+      RenderChatSegments(tmpl, messages, add_generation_prompt, tools);
   return EncodeChat(tokenizer, segments, /*parse_special_in_content=*/false);
 }
 
@@ -40,6 +43,21 @@ std::optional<ApiError> CheckVocabulary(std::span<const int32_t> ids, int32_t vo
   return std::nullopt;
 }
 
+// Tools, calls and tool results need a template that writes them; with any other they would be
+// left out of the prompt, so they are refused.
+std::optional<ApiError> CheckToolFormat(std::span<const ChatMessage> messages,
+                                        std::span<const std::string> tools,
+                                        const ChatTemplate& chat_template) {
+  const bool tool_turns = std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) {
+    return m.role == "tool" || !m.tool_calls.empty();
+  });
+  if ((tools.empty() && !tool_turns) || chat_template.qwen_tools) return std::nullopt;
+  return InvalidRequest(
+      "this model's chat template has no tool format: 'tools', tool calls and tool messages are "
+      "not supported for it",
+      tools.empty() ? "messages" : "tools");
+}
+
 }  // namespace
 
 ApiResult<std::vector<int32_t>> PromptTokenIds(const CompletionRequest& request,
@@ -49,7 +67,11 @@ ApiResult<std::vector<int32_t>> PromptTokenIds(const CompletionRequest& request,
   const char* param = "prompt";
   if (request.kind == ApiKind::kChatCompletion) {
     param = "messages";
-    ids = EncodeMessages(tokenizer, chat_template, request.messages, true);
+    if (auto e = CheckToolFormat(request.messages, request.tools_json, chat_template)) return *e;
+    const std::span<const std::string> tools =
+        request.ParsesToolCalls() ? std::span<const std::string>(request.tools_json)
+                                  : std::span<const std::string>();
+    ids = EncodeMessages(tokenizer, chat_template, request.messages, true, tools);
   } else if (request.prompt_is_ids) {
     if (auto e = CheckVocabulary(request.prompt_ids, tokenizer.vocab_size(), param)) return *e;
     ids = request.prompt_ids;
@@ -80,6 +102,13 @@ ApiResult<TokenizeRequest> ParseTokenizeBody(std::string_view body) {
     req.is_chat = true;
     if (auto e = ParseChatMessagesJson(j["messages"], &req.messages)) return *e;
     if (auto e = ValidateChatMessages(&req.messages)) return *e;
+    if (j.contains("tools") && !j["tools"].is_null()) {
+      CompletionRequest tools;
+      const nlohmann::ordered_json ordered =
+          nlohmann::ordered_json::parse(body, nullptr, /*allow_exceptions=*/false);
+      if (auto e = ParseTools(ordered["tools"], &tools)) return *e;
+      req.tools_json = std::move(tools.tools_json);
+    }
   } else if (has_prompt) {
     std::optional<std::string> prompt;
     if (auto e = GetString(j, "prompt", &prompt)) return *e;
@@ -96,11 +125,12 @@ ApiResult<TokenizeRequest> ParseTokenizeBody(std::string_view body) {
   return req;
 }
 
-std::vector<int32_t> Tokenize(const TokenizeRequest& request, const Tokenizer& tokenizer,
-                              const ChatTemplate& chat_template) {
+ApiResult<std::vector<int32_t>> Tokenize(const TokenizeRequest& request, const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template) {
   if (request.is_chat) {
-    return EncodeMessages(tokenizer, chat_template, request.messages,
-                          request.add_generation_prompt);
+    if (auto e = CheckToolFormat(request.messages, request.tools_json, chat_template)) return *e;
+    return EncodeMessages(tokenizer, chat_template, request.messages, request.add_generation_prompt,
+                          request.tools_json);
   }
   return EncodeTextPrompt(tokenizer, request.prompt, request.add_special_tokens);
 }

@@ -36,12 +36,14 @@ struct TokenizeRequest {
   bool is_chat = false;
   std::string prompt;
   std::vector<ChatMessage> messages;
+  std::vector<std::string> tools_json;  // as the chat template renders them (tool_calls.h)
   bool add_special_tokens = true;
   bool add_generation_prompt = true;
 };
 ApiResult<TokenizeRequest> ParseTokenizeBody(std::string_view body);
-std::vector<int32_t> Tokenize(const TokenizeRequest& request, const Tokenizer& tokenizer,
-                              const ChatTemplate& chat_template);
+// A 400 for tools, calls or tool messages the model's template cannot write.
+ApiResult<std::vector<int32_t>> Tokenize(const TokenizeRequest& request, const Tokenizer& tokenizer,
+                                         const ChatTemplate& chat_template);
 // {"tokens": [...], "count": n, "max_model_len": m}.
 std::string TokenizeResponseBody(std::span<const int32_t> tokens, int max_model_len);
 

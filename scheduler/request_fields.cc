@@ -11,13 +11,11 @@ using nlohmann::json;
 
 bool IsTrue(const json& v) { return v.is_boolean() && v.get<bool>(); }
 bool IsFalse(const json& v) { return v.is_boolean() && !v.get<bool>(); }
-bool IsBool(const json& v) { return v.is_boolean(); }
 bool IsEmptyString(const json& v) { return v.is_string() && v.get<std::string>().empty(); }
 bool IsString(const json& v) { return v.is_string(); }
 bool IsObject(const json& v) { return v.is_object(); }
 bool IsEmptyList(const json& v) { return v.is_array() && v.empty(); }
-// Without tools, "none" and "auto" change nothing; "required" or a named function would ask for
-// a call this server cannot make.
+// The legacy function_call: "none" and "auto" ask for nothing beyond the default.
 bool IsNoneOrAuto(const json& v) { return v.is_string() && (v == "none" || v == "auto"); }
 bool IsDefaultTier(const json& v) { return v.is_string() && (v == "auto" || v == "default"); }
 bool IsTextOnly(const json& v) {
@@ -66,14 +64,14 @@ constexpr RequestField kFields[] = {
     {"suffix", kCompletionsDoor, kNoOp, IsEmptyString, "only empty"},
     {"skip_special_tokens", kBothDoors, kNoOp, IsTrue, "only true: special tokens are skipped"},
     {"include_stop_str_in_output", kBothDoors, kParsed},
-    // Chat-only OpenAI fields that change nothing without tools or storage.
-    {"tools", kChatDoor, kNoOp, IsEmptyList, "this server has no tool calling"},
-    {"functions", kChatDoor, kNoOp, IsEmptyList, "this server has no tool calling"},
-    {"tool_choice", kChatDoor, kNoOp, IsNoneOrAuto,
-     "only \"none\" or \"auto\": this server has no tool calling"},
+    // Tool calling (tool_calls.h); the legacy forms only where they ask for nothing.
+    {"tools", kChatDoor, kParsed},
+    {"tool_choice", kChatDoor, kParsed},
+    {"parallel_tool_calls", kChatDoor, kParsed},
+    {"functions", kChatDoor, kNoOp, IsEmptyList, "only empty: its current form 'tools' is"},
     {"function_call", kChatDoor, kNoOp, IsNoneOrAuto,
-     "only \"none\" or \"auto\": this server has no tool calling"},
-    {"parallel_tool_calls", kChatDoor, kNoOp, IsBool, "a boolean"},
+     "only \"none\" or \"auto\": its current form 'tool_choice' is"},
+    // Chat-only OpenAI fields that change nothing without storage.
     {"store", kChatDoor, kNoOp, IsFalse, "only false: nothing is stored"},
     {"metadata", kChatDoor, kNoOp, IsObject, "an object"},
     {"service_tier", kChatDoor, kNoOp, IsDefaultTier, "only \"auto\" or \"default\""},

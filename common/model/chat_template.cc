@@ -72,6 +72,70 @@ std::string_view PythonStrip(std::string_view s) {
   return s.substr(begin, end - begin);
 }
 
+// Qwen2.5's template (tokenizer.chat_template of its GGUF files) without the generation prompt:
+// with tools, a system turn that lists them (the client's system message or the default one in
+// front); an assistant turn with calls writes each as a <tool_call> block; consecutive tool
+// results share one user turn. Roles the template does not know render nothing, as there.
+template <typename Templ, typename Content>
+void RenderQwenTools(const ChatTemplate& tmpl, std::span<const ChatMessage> messages,
+                     std::span<const std::string> tools, Templ& templ, Content& content) {
+  const bool first_system = !messages.empty() && messages[0].role == "system";
+  if (!tools.empty()) {
+    templ("<|im_start|>system\n");
+    if (first_system) {
+      content(messages[0].content);
+    } else {
+      templ(tmpl.default_system);
+    }
+    templ(
+        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+    for (const std::string& tool : tools) {
+      templ("\n");
+      content(tool);
+    }
+    templ(
+        "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+        "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+  } else if (first_system) {
+    templ("<|im_start|>system\n");
+    content(messages[0].content);
+    templ("<|im_end|>\n");
+  } else if (!tmpl.default_system.empty()) {
+    templ(absl::StrCat("<|im_start|>system\n", tmpl.default_system, "<|im_end|>\n"));
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0) ||
+        (m.role == "assistant" && m.tool_calls.empty())) {
+      templ(absl::StrCat("<|im_start|>", m.role, "\n"));
+      content(m.content);
+      templ("<|im_end|>\n");
+    } else if (m.role == "assistant") {
+      templ("<|im_start|>assistant");
+      if (!m.content.empty()) {
+        templ("\n");
+        content(m.content);
+      }
+      for (const ChatToolCall& call : m.tool_calls) {
+        templ("\n<tool_call>\n{\"name\": \"");
+        content(call.name);
+        templ("\", \"arguments\": ");
+        content(call.arguments);
+        templ("}\n</tool_call>");
+      }
+      templ("<|im_end|>\n");
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") templ("<|im_start|>user");
+      templ("\n<tool_response>\n");
+      content(m.content);
+      templ("\n</tool_response>");
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") templ("<|im_end|>\n");
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<ChatTemplate> DetectChatTemplate(std::string_view text) {
@@ -92,6 +156,8 @@ absl::StatusOr<ChatTemplate> DetectChatTemplate(std::string_view text) {
         break;
       }
     }
+    tmpl.qwen_tools = Contains(text, "<tools>") && Contains(text, "<tool_call>") &&
+                      Contains(text, "<tool_response>");
     return tmpl;
   }
   if (Contains(text, "<|start_header_id|>") && Contains(text, "<|eot_id|>")) {
@@ -114,7 +180,8 @@ absl::StatusOr<ChatTemplate> ChatTemplateByName(std::string_view name) {
 
 std::vector<ChatSegment> RenderChatSegments(const ChatTemplate& tmpl,
                                             std::span<const ChatMessage> messages,
-                                            bool add_generation_prompt) {
+                                            bool add_generation_prompt,
+                                            std::span<const std::string> tools) {
   std::vector<ChatSegment> out;
   auto templ = [&out](std::string text) {
     if (!out.empty() && !out.back().is_content) {
@@ -130,13 +197,17 @@ std::vector<ChatSegment> RenderChatSegments(const ChatTemplate& tmpl,
       !tmpl.default_system.empty() && !messages.empty() && messages[0].role != "system";
   switch (tmpl.kind) {
     case ChatTemplateKind::kChatML:
-      if (needs_default) {
-        templ(absl::StrCat("<|im_start|>system\n", tmpl.default_system, "<|im_end|>\n"));
-      }
-      for (const ChatMessage& m : messages) {
-        templ(absl::StrCat("<|im_start|>", m.role, "\n"));
-        content(m.content);
-        templ("<|im_end|>\n");
+      if (tmpl.qwen_tools) {
+        RenderQwenTools(tmpl, messages, tools, templ, content);
+      } else {
+        if (needs_default) {
+          templ(absl::StrCat("<|im_start|>system\n", tmpl.default_system, "<|im_end|>\n"));
+        }
+        for (const ChatMessage& m : messages) {
+          templ(absl::StrCat("<|im_start|>", m.role, "\n"));
+          content(m.content);
+          templ("<|im_end|>\n");
+        }
       }
       if (add_generation_prompt) templ("<|im_start|>assistant\n");
       break;
@@ -159,9 +230,9 @@ std::vector<ChatSegment> RenderChatSegments(const ChatTemplate& tmpl,
 }
 
 std::string RenderChat(const ChatTemplate& tmpl, std::span<const ChatMessage> messages,
-                       bool add_generation_prompt) {
+                       bool add_generation_prompt, std::span<const std::string> tools) {
   std::string out;
-  for (const ChatSegment& s : RenderChatSegments(tmpl, messages, add_generation_prompt)) {
+  for (const ChatSegment& s : RenderChatSegments(tmpl, messages, add_generation_prompt, tools)) {
     out += s.text;
   }
   return out;
