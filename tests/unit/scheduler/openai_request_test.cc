@@ -353,7 +353,10 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kChat, {{"messages", {"hi"}}}, "messages[0]", "object"},
       {kChat, {{"messages", {{{"content", "x"}}}}}, "messages[0].role", "required"},
       {kChat, {{"messages", {{{"role", 1}, {"content", "x"}}}}}, "messages[0].role", "string"},
-      {kChat, {{"messages", {{{"role", "tool"}, {"content", "x"}}}}}, "messages[0].role", "tool"},
+      {kChat,
+       {{"messages", {{{"role", "function"}, {"content", "x"}}}}},
+       "messages[0].role",
+       "function"},
       {kChat,
        {{"messages", {{{"role", "wizard"}, {"content", "x"}}}}},
        "messages[0].role",
@@ -436,18 +439,17 @@ TEST(OpenAiRequestTest, RefusedFieldsNameTheirParam) {
       {kChat, {{"min_tokens", -1}}, "min_tokens", "[0,"},
       {kChat, {{"min_tokens", "3"}}, "min_tokens", "integer"},
       {kChat, {{"logit_bias", {{"99999999999", 1}}}}, "logit_bias", "token ids"},
-      {kChat, {{"tools", {{{"type", "function"}}}}}, "tools", "not supported"},
-      {kChat, {{"tool_choice", "required"}}, "tool_choice", "not supported"},
-      {kChat, {{"tool_choice", {{"type", "function"}}}}, "tool_choice", "not supported"},
+      {kChat, {{"tools", {{{"type", "function"}}}}}, "tools[0].function", "must be an object"},
+      {kChat, {{"tool_choice", "required"}}, "tool_choice", "'tools' is empty"},
+      {kChat, {{"tool_choice", {{"type", "function"}}}}, "tool_choice", "must be"},
       {kChat, {{"function_call", {{"name", "f"}}}}, "function_call", "not supported"},
       {kChat,
        {{"messages",
          {{{"role", "user"}, {"content", "x"}},
           {{"role", "assistant"},
-           {"tool_calls",
-            {{{"id", "c1"}, {"type", "function"}, {"function", {{"name", "f"}}}}}}}}}},
-       "messages[1].tool_calls",
-       "not supported"},
+           {"tool_calls", {{{"id", "c1"}, {"type", "function"}, {"function", "f"}}}}}}}},
+       "messages[1].tool_calls[0]",
+       "must be"},
       {kChat,
        {{"messages",
          {{{"role", "assistant"}, {"content", ""}, {"function_call", {{"name", "f"}}}}}}},
@@ -524,7 +526,37 @@ TEST(OpenAiRequestTest, NoOpToolFieldsPass) {
     SCOPED_TRACE(extra.dump());
     auto r = ParseCompletionBody(Body(kChat, extra), kChat);
     ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+    EXPECT_FALSE(std::get<CompletionRequest>(r).ParsesToolCalls());
   }
+}
+
+TEST(OpenAiRequestTest, AForcedToolCallConstrainsTheOutputToItsSchema) {
+  const json tools = json::parse(R"([
+      {"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"], "additionalProperties": false}}},
+      {"type": "function", "function": {"name": "noop"}}])");
+  auto named = ParseCompletionBody(
+      Body(kChat, {{"tools", tools},
+                   {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+                   {"parallel_tool_calls", false}}),
+      kChat);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(named))
+      << std::get<ApiError>(named).message;
+  const std::string& regex = std::get<CompletionRequest>(named).output_regex;
+  EXPECT_THAT(regex, HasSubstr("get_weather"));
+  EXPECT_THAT(regex, ::testing::Not(HasSubstr("noop")));
+  auto required =
+      ParseCompletionBody(Body(kChat, {{"tools", tools}, {"tool_choice", "required"}}), kChat);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(required));
+  EXPECT_THAT(std::get<CompletionRequest>(required).output_regex, HasSubstr("noop"));
+  // A forced call beside a structured output: two constraints, refused.
+  auto both = ParseCompletionBody(Body(kChat, {{"tools", tools},
+                                               {"tool_choice", "required"},
+                                               {"response_format", {{"type", "json_object"}}}}),
+                                  kChat);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(both));
+  EXPECT_EQ(std::get<ApiError>(both).param, "tool_choice");
 }
 
 TEST(OpenAiRequestTest, BodiesThatAreNotJsonObjects) {
@@ -702,7 +734,7 @@ TEST(OpenAiRequestTest, ProtoRefusalsMatchJson) {
 
   tripod::v1::CompletionRequest tool;
   auto* m = tool.mutable_messages()->add_messages();
-  m->set_role("tool");
+  m->set_role("function");
   r = CompletionRequestFromProto(tool);
   ASSERT_TRUE(std::holds_alternative<ApiError>(r));
   EXPECT_EQ(std::get<ApiError>(r).param, "messages[0].role");

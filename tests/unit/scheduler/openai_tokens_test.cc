@@ -117,8 +117,8 @@ TEST_F(OpenAiTokensTest, EmptyPromptRefused) {
 TEST_F(OpenAiTokensTest, TokenizeDetokenizeRoundTrip) {
   auto req = ParseTokenizeBody(R"({"model":"m","prompt":"The café is open. 🎉"})");
   ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(req));
-  const std::vector<int32_t> ids =
-      Tokenize(std::get<TokenizeRequest>(req), *tokenizer_, *template_);
+  const std::vector<int32_t> ids = std::get<std::vector<int32_t>>(
+      Tokenize(std::get<TokenizeRequest>(req), *tokenizer_, *template_));
   ASSERT_FALSE(ids.empty());
   const json t = json::parse(TokenizeResponseBody(ids, 2048));
   EXPECT_EQ(t["tokens"].get<std::vector<int32_t>>(), ids);
@@ -140,7 +140,8 @@ TEST_F(OpenAiTokensTest, TokenizeOptions) {
   auto plain = ParseTokenizeBody(R"({"prompt":"hi","add_special_tokens":false})");
   ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(plain));
   EXPECT_FALSE(std::get<TokenizeRequest>(plain).add_special_tokens);
-  EXPECT_EQ(Tokenize(std::get<TokenizeRequest>(plain), *tokenizer_, *template_),
+  EXPECT_EQ(std::get<std::vector<int32_t>>(
+                Tokenize(std::get<TokenizeRequest>(plain), *tokenizer_, *template_)),
             tokenizer_->Encode("hi", true));
 
   // Messages: what /v1/chat/completions would feed the model; add_generation_prompt defaults to
@@ -151,14 +152,21 @@ TEST_F(OpenAiTokensTest, TokenizeOptions) {
   const TokenizeRequest& c = std::get<TokenizeRequest>(chat);
   EXPECT_TRUE(c.is_chat);
   EXPECT_TRUE(c.add_generation_prompt);
-  const std::vector<int32_t> with = Tokenize(c, *tokenizer_, *template_);
+  const std::vector<int32_t> with =
+      std::get<std::vector<int32_t>>(Tokenize(c, *tokenizer_, *template_));
   CompletionRequest as_chat = Parse("{\"model\":\"m\"," + msgs + "}", ApiKind::kChatCompletion);
   EXPECT_EQ(with, IdsOk(as_chat));
   auto no_gen = ParseTokenizeBody("{" + msgs + R"(,"add_generation_prompt":false})");
   ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(no_gen));
-  const std::vector<int32_t> without =
-      Tokenize(std::get<TokenizeRequest>(no_gen), *tokenizer_, *template_);
+  const std::vector<int32_t> without = std::get<std::vector<int32_t>>(
+      Tokenize(std::get<TokenizeRequest>(no_gen), *tokenizer_, *template_));
   EXPECT_LT(without.size(), with.size());
+  // A tool message on a template without a tool format (SmolLM2's ChatML) is a 400.
+  auto tool = ParseTokenizeBody(R"({"messages":[{"role":"tool","content":"12 C"}]})");
+  ASSERT_TRUE(std::holds_alternative<TokenizeRequest>(tool));
+  auto refused = Tokenize(std::get<TokenizeRequest>(tool), *tokenizer_, *template_);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(refused));
+  EXPECT_EQ(std::get<ApiError>(refused).param, "messages");
   EXPECT_EQ(tokenizer_->Decode(without),
             RenderChat(*template_, std::vector<ChatMessage>{{"user", "hi"}}, false));
 }
@@ -174,9 +182,10 @@ TEST_F(OpenAiTokensTest, TokenizeAndDetokenizeRefusals) {
       {R"({"prompt":5})", "prompt"},
       {R"({"prompt":"a","messages":[{"role":"user","content":"b"}]})", "messages"},
       {R"({"messages":[]})", "messages"},
-      {R"({"messages":[{"role":"tool","content":"b"}]})", "messages[0].role"},
+      {R"({"messages":[{"role":"function","content":"b"}]})", "messages[0].role"},
       {R"({"messages":[{"role":"assistant","content":"","tool_calls":[{"id":"c"}]}]})",
-       "messages[0].tool_calls"},
+       "messages[0].tool_calls[0]"},
+      {R"({"messages":[{"role":"user","content":"b"}],"tools":[{"type":"x"}]})", "tools[0].type"},
       {R"({"prompt":"a","add_special_tokens":"yes"})", "add_special_tokens"},
       {R"({"messages":[{"role":"user","content":"b"}],"add_generation_prompt":1})",
        "add_generation_prompt"},

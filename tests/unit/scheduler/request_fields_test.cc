@@ -140,7 +140,7 @@ TEST(RequestFieldsTest, NoOpFieldsTakeOnlyTheValuesThatChangeNothing) {
       {kChat, {{"modalities", {"text", "audio"}}}, "modalities", "text"},
       {kChat, {{"metadata", "x"}}, "metadata", "object"},
       {kChat, {{"echo", true}}, "echo", "only false"},
-      {kChat, {{"tool_choice", "required"}}, "tool_choice", "no tool calling"},
+      {kChat, {{"function_call", "required"}}, "function_call", "tool_choice"},
       {kCmpl, {{"suffix", "x"}}, "suffix", "only empty"},
       {kCmpl, {{"tripod", {{"pop", "off"}, {"fast", true}}}}, "tripod.fast", "not supported"},
       {kCmpl,

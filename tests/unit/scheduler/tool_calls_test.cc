@@ -143,7 +143,7 @@ TEST(ToolsTest, ParsesToolsInTheirOrderAndRefusesBadOnes) {
     CompletionRequest q;
     std::optional<ApiError> e = ParseTools(ordered_json::parse(text), &q);
     ASSERT_TRUE(e.has_value()) << text;
-    EXPECT_EQ(e->status, 400);
+    EXPECT_EQ(e->http_status, 400);
     EXPECT_EQ(e->param, param) << text;
   }
 }
