@@ -67,10 +67,11 @@ ApiResult<std::vector<int32_t>> PromptTokenIds(const CompletionRequest& request,
   const char* param = "prompt";
   if (request.kind == ApiKind::kChatCompletion) {
     param = "messages";
-    if (auto e = CheckToolFormat(request.messages, request.tools_json, chat_template)) return *e;
+    // tool_choice "none" leaves the tools out of the prompt.
     const std::span<const std::string> tools =
         request.ParsesToolCalls() ? std::span<const std::string>(request.tools_json)
                                   : std::span<const std::string>();
+    if (auto e = CheckToolFormat(request.messages, tools, chat_template)) return *e;
     ids = EncodeMessages(tokenizer, chat_template, request.messages, true, tools);
   } else if (request.prompt_is_ids) {
     if (auto e = CheckVocabulary(request.prompt_ids, tokenizer.vocab_size(), param)) return *e;

@@ -153,6 +153,25 @@ def test_streaming_equals_whole(cluster, client):
       whole.usage.completion_tokens
 
 
+def test_tools_need_a_template_with_a_tool_format(cluster, client):
+  # SmolLM2's ChatML has none: tools, calls and tool results would be dropped from the prompt.
+  tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+  user = {"role": "user", "content": "hi"}
+  call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+  for kw, param in [({"messages": [user], "tools": [tool]}, "tools"),
+                    ({"messages": [user, {"role": "assistant", "tool_calls": [call]}]},
+                     "messages"),
+                    ({"messages": [user, {"role": "tool", "tool_call_id": "c", "content": "1"}]},
+                     "messages")]:
+    with pytest.raises(openai.BadRequestError) as e:
+      client.chat.completions.create(model=MODEL_NAME, max_tokens=4, **kw)
+    assert e.value.body["param"] == param and "tool format" in e.value.body["message"], kw
+  # "none" leaves the tools out of the prompt: nothing to render, so it is served.
+  r = client.chat.completions.create(model=MODEL_NAME, messages=[user], tools=[tool],
+                                     tool_choice="none", max_tokens=2)
+  assert r.choices[0].message.tool_calls is None
+
+
 def test_chat_whole_and_streamed(cluster, client):
   messages = [{"role": "user", "content": "Name three colours."}]
   whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=16,

@@ -10,10 +10,11 @@ routing: a decode address that nothing listens on keeps the scheduler up and /he
     (json.dumps, keys in the client's order), arguments given as JSON text rendered as the
     object they hold (as vLLM does);
   * what Tripod does not do is refused with a 400 in OpenAI's error shape: the legacy
-    `functions` and role "function", `tool_choice` "required" or a named function (a forced
-    call needs constrained decoding); on /v1/chat/completions (streaming or not);
-  * tools with `tool_choice` "auto"/"none", and empty or null tool fields, pass validation
-    (they reach routing and get the 503 of a scheduler without workers).
+    `functions`, `function_call` and role "function"; malformed tools; on /v1/chat/completions
+    (streaming or not);
+  * tools with any `tool_choice` ("required" and a named function compile to an output
+    constraint), and empty or null tool fields, pass validation (they reach routing and get the
+    503 of a scheduler without workers).
 The model path comes from TRIPOD_MODEL_QWEN05 (ctest sets it); a missing file fails the test.
 About 10 s.
 """
@@ -170,9 +171,6 @@ def test_tokenize_with_tools_equals_jinja2_and_hf(sched, reference, chat, with_t
 REFUSED = [
     ({"functions": [TOOL["function"]]}, "functions"),
     ({"function_call": {"name": "get_weather"}}, "function_call"),
-    ({"tools": [TOOL], "tool_choice": "required"}, "tool_choice"),
-    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
-     "tool_choice"),
     ({"messages": [USER, {"role": "function", "name": "get_weather", "content": "12 C"}]},
      "messages[1].role"),
     ({"messages": [USER, {"role": "assistant", "function_call": {"name": "get_weather",
@@ -218,6 +216,9 @@ def test_malformed_tool_fields_are_400s(sched, extra, param):
                                    {"tools": [TOOL]}, {"tools": TOOLS, "tool_choice": "auto",
                                                        "parallel_tool_calls": False},
                                    {"tools": [TOOL], "tool_choice": "none"},
+                                   {"tools": TOOLS, "tool_choice": "required"},
+                                   {"tools": TOOLS, "tool_choice": {"type": "function",
+                                                                    "function": {"name": "add_one"}}},
                                    {"messages": TOOL_CHATS[2], "tools": TOOLS}])
 def test_no_op_tool_fields_reach_routing(sched, extra):
   body = {"model": NAME, "messages": [USER], "max_tokens": 8}

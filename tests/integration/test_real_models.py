@@ -312,6 +312,12 @@ def tokenize(srv, **body):
   return j["tokens"]
 
 
+def detokenize(srv, ids):
+  status, j = srv.http("POST", "/detokenize", {"model": srv.name, "tokens": ids})
+  assert status == 200, j
+  return j["prompt"]
+
+
 @pytest.mark.parametrize("prompt,route", [("def is_prime(n):", "decode_only"),
                                           (CODE_PROMPT, "disaggregated")],
                          ids=["short", "prefilled"])
@@ -408,6 +414,74 @@ def test_chat_with_a_system_message_counts_its_template(srv):
   assert 1 <= r.usage.completion_tokens <= 4
 
 
+# ---- tool calls ----------------------------------------------------------------------------------
+
+WEATHER = {"type": "function",
+           "function": {"name": "get_weather", "description": "The weather in a city now",
+                        "parameters": {"type": "object",
+                                       "properties": {"city": {"type": "string"},
+                                                      "unit": {"type": "string",
+                                                               "enum": ["celsius", "fahrenheit"]}},
+                                       "required": ["city", "unit"],
+                                       "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Oslo, in celsius?"}]
+
+
+def streamed_calls(srv, **kw):
+  """(content, {index: (name, arguments)}, finish_reason) of a streamed chat answer."""
+  content, calls, finish = "", {}, None
+  for chunk in srv.client.chat.completions.create(model=srv.name, stream=True, **kw):
+    for ch in chunk.choices:
+      d = ch.delta
+      content += d.content or ""
+      for tc in d.tool_calls or []:
+        name, args = calls.get(tc.index, ("", ""))
+        calls[tc.index] = (name + (tc.function.name or ""), args + (tc.function.arguments or ""))
+      finish = ch.finish_reason or finish
+  return content, calls, finish
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function",
+                                                 "function": {"name": "get_weather"}}])
+def test_a_forced_tool_call_is_valid_and_streams_alike(srv, choice):
+  import jsonschema
+  kw = dict(messages=ASK, tools=[WEATHER], tool_choice=choice, temperature=0, max_tokens=96,
+            parallel_tool_calls=False)
+  r = srv.client.chat.completions.create(model=srv.name, **kw)
+  c = r.choices[0]
+  assert c.finish_reason == "tool_calls", c
+  assert c.message.content is None and len(c.message.tool_calls) == 1, c.message
+  call = c.message.tool_calls[0]
+  assert call.type == "function" and call.id.startswith("call_")
+  assert call.function.name == "get_weather"
+  args = json.loads(call.function.arguments)
+  jsonschema.validate(args, WEATHER["function"]["parameters"])
+  assert call.function.arguments == json.dumps(args)  # vLLM's form: json.dumps of the object
+  content, calls, finish = streamed_calls(srv, **kw)
+  assert (content, finish) == ("", "tool_calls")
+  assert calls == {0: ("get_weather", call.function.arguments)}
+
+
+def test_tool_results_go_back_into_the_prompt(srv):
+  call = {"id": "call_1", "type": "function",
+          "function": {"name": "get_weather",
+                       "arguments": json.dumps({"city": "Oslo", "unit": "celsius"})}}
+  messages = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": "-3 C, snow"}]
+  r = srv.client.chat.completions.create(model=srv.name, messages=messages, tools=[WEATHER],
+                                         temperature=0, max_tokens=24)
+  ids = tokenize(srv, messages=messages, tools=[WEATHER])
+  assert r.usage.prompt_tokens == len(ids)
+  assert "<tool_response>\n-3 C, snow\n</tool_response>" in detokenize(srv, ids)
+  c = r.choices[0]
+  # Whatever the model answers, the whole answer and the stream agree on it.
+  content, calls, finish = streamed_calls(srv, messages=messages, tools=[WEATHER], temperature=0,
+                                          max_tokens=24)
+  assert finish == c.finish_reason and content == (c.message.content or "")
+  assert calls == {i: (t.function.name, t.function.arguments)
+                   for i, t in enumerate(c.message.tool_calls or [])}
+
+
 # ---- errors --------------------------------------------------------------------------------------
 
 
@@ -444,18 +518,19 @@ def test_errors_in_openai_shape(srv):
                                                              {"messages": msgs})]:
     err = error_of(srv.http("POST", path, {"model": "gpt-4o", **body}), 404)
     assert err["code"] == "model_not_found" and err["param"] == "model", err
-  # tools: refused, whole or streamed, never silently dropped
+  # tools where they do not belong, and their legacy form: refused, whole or streamed
   tool = {"type": "function", "function": {"name": "get_time", "description": "The time now",
                                            "parameters": {"type": "object", "properties": {}}}}
   for stream in (False, True):
-    err = error_of(srv.http("POST", "/v1/chat/completions",
-                            {"model": name, "messages": msgs, "tools": [tool], "stream": stream}),
+    err = error_of(srv.http("POST", "/v1/completions",
+                            {"model": name, "prompt": "x", "tools": [tool], "stream": stream}),
                    400)
     assert err["param"] == "tools" and "not supported" in err["message"], err
   # the same through the client
   with pytest.raises(openai.BadRequestError) as e:
-    srv.client.chat.completions.create(model=name, messages=msgs, tools=[tool], max_tokens=4)
-  assert e.value.body["param"] == "tools"
+    srv.client.chat.completions.create(model=name, messages=msgs, functions=[tool["function"]],
+                                       max_tokens=4)
+  assert e.value.body["param"] == "functions"
   with pytest.raises(openai.BadRequestError) as e:
     srv.client.completions.create(model=name, prompt="x", temperature=7)
   assert e.value.body["param"] == "temperature"
