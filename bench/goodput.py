@@ -105,26 +105,10 @@ def workload(args):
 
 
 def one_request(client, model, req, options, timeout_s):
-  """Streams one greedy completion: (text, output tokens, ttft_s, end time)."""
-  t0 = time.monotonic()
-  ttft = None
-  text = []
-  usage = None
-  stream = client.completions.create(
-      model=model, prompt=req["prompt"], max_tokens=req["max_tokens"], temperature=0,
-      stop=req["stop"], stream=True, stream_options={"include_usage": True}, timeout=timeout_s,
-      extra_body={"tripod": options})
-  for chunk in stream:
-    if chunk.choices and chunk.choices[0].text:
-      if ttft is None:
-        ttft = time.monotonic() - t0
-      text.append(chunk.choices[0].text)
-    if chunk.usage is not None:
-      usage = chunk.usage
-  if usage is None:
-    raise RuntimeError(f"{req['id']}: the stream ended without usage")
-  return "".join(text), usage.completion_tokens, ttft if ttft is not None else (
-      time.monotonic() - t0), time.monotonic()
+  """Streams one greedy completion (eval/humaneval.py's): (text, output tokens, ttft_s)."""
+  text, _, n_out, ttft, _ = he.complete(client, model, req["prompt"], options, req["max_tokens"],
+                                        timeout_s, stop=req["stop"])
+  return text, n_out, ttft
 
 
 def run_config(args, name, reqs):
@@ -163,7 +147,7 @@ def run_config(args, name, reqs):
   ttft = {"humaneval": [], "longctx": []}
   scores = {"humaneval": [], "longctx": []}
   out_tokens = 0
-  for req, (text, n_out, t, _) in zip(reqs, results):
+  for req, (text, n_out, t) in zip(reqs, results):
     out_tokens += n_out
     ttft[req["kind"]].append(t)
     if req["kind"] == "humaneval":

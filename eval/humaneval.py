@@ -423,7 +423,7 @@ def request_options(request_pop, variant):
   return options
 
 
-def complete(client, model, prompt, tripod_options, max_tokens, timeout_s):
+def complete(client, model, prompt, tripod_options, max_tokens, timeout_s, stop=STOP):
   """One greedy streamed completion: (text, prompt_tokens, output_tokens, ttft_s, route)."""
   t0 = time.monotonic()
   ttft = None
@@ -431,7 +431,7 @@ def complete(client, model, prompt, tripod_options, max_tokens, timeout_s):
   usage = None
   route = None
   stream = client.completions.create(
-      model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stop=STOP, stream=True,
+      model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, stop=stop, stream=True,
       stream_options={"include_usage": True}, timeout=timeout_s,
       extra_body={"tripod": tripod_options})
   for chunk in stream:
