@@ -8,14 +8,18 @@
 //   prompt             (completions) a string, [string], [ids], or [[ids]]; not empty
 //   messages           (chat) non-empty list of {role, content}; content a string or a list of
 //                      {"type":"text","text"} parts (concatenated); roles system, user, assistant,
-//                      developer (-> system); tool/function refused (no tool calling)
+//                      developer (-> system), tool (tool_calls.h); function refused
+//   tools, tool_choice, parallel_tool_calls   (chat) tool_calls.h
 //   max_tokens, max_completion_tokens   1..2^31-1 (both given: max_completion_tokens wins); 0
 //                      too with echo (the prompt alone: lm-evaluation-harness's loglikelihood)
-//   temperature [0, 2]; top_p (0, 1] (below the smallest float: that float); top_k -1..2^31-1 (-1,
-//   0 = off); min_p [0, 1]; repetition_penalty [0.01, 100] (1 = off); presence_penalty,
-//   frequency_penalty [-2, 2] stop               a string or a list of at most kMaxStops strings
-//   of 1..kMaxStopBytes bytes seed               an integer in [-2^63, 2^64); negative seeds wrap
-//   to uint64. Absent: the
+//   temperature        [0, 2]
+//   top_p              (0, 1] (below the smallest float: that float)
+//   top_k              -1..2^31-1 (-1, 0 = off)
+//   min_p              [0, 1]
+//   repetition_penalty [0.01, 100] (1 = off)
+//   presence_penalty, frequency_penalty   [-2, 2]
+//   stop               a string or a list of at most kMaxStops strings of 1..kMaxStopBytes bytes
+//   seed               an integer in [-2^63, 2^64); negative seeds wrap to uint64. Absent: the
 //                      lifecycle draws one (has_seed false)
 //   n, best_of         n 1..128, best_of n..128 (choices.h; --max_n lowers both); best_of > 1
 //                      not with stream; over gRPC n only 1
