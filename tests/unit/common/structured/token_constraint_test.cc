@@ -18,12 +18,15 @@ namespace tripod::structured {
 namespace {
 
 const Tokenizer& TestTokenizer() {
+  // Both kept for the tests' lifetime, each held by a static (so no leak is reported).
+  static const GgufFile* file = [] {
+    auto f = GgufFile::Open(TestModelPath());
+    EXPECT_TRUE(f.ok()) << f.status();
+    return f->release();
+  }();
   static const Tokenizer* tok = [] {
-    auto file = GgufFile::Open(TestModelPath());
-    EXPECT_TRUE(file.ok()) << file.status();
-    auto t = Tokenizer::FromGguf(**file);
+    auto t = Tokenizer::FromGguf(*file);
     EXPECT_TRUE(t.ok()) << t.status();
-    file->release();  // kept for the tests' lifetime, as the tokenizer
     return t->release();
   }();
   return *tok;
