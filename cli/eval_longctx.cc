@@ -20,6 +20,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cli/serve_models.h"
 #include "common/model/bundled_model.h"
 #include "common/model/chat_template.h"
 #include "common/model/gguf.h"
@@ -41,7 +42,8 @@ ABSL_DECLARE_FLAG(std::string, merge);
 ABSL_DECLARE_FLAG(int, chunk);
 ABSL_DECLARE_FLAG(int, draft_layers);
 ABSL_DECLARE_FLAG(std::string, lookahead_layers);
-ABSL_DECLARE_FLAG(std::string, pop);  // cli/serve.cc: the POP ratio
+ABSL_DECLARE_FLAG(std::string, pop);          // cli/serve.cc: the POP ratio
+ABSL_DECLARE_FLAG(std::string, draft_model);  // cli/serve.cc
 
 ABSL_FLAG(std::string, lengths, "1024,2048,4096",
           "eval-longctx: prompt lengths in tokens, comma-separated (8192 on request)");
@@ -57,7 +59,8 @@ ABSL_FLAG(std::string, samples_out, "",
           "eval-longctx: write the samples (chat-rendered prompt ids, answers, scoring) as JSON "
           "lines to this file and evaluate nothing (bench/goodput.py serves them)");
 ABSL_FLAG(std::string, pop_rows, "on,off",
-          "eval-longctx: the POP settings to run, comma-separated (on: the --pop ratio)");
+          "eval-longctx: the POP settings to run, comma-separated (on: the --pop ratio, 1/3 when "
+          "--pop is not given)");
 
 namespace tripod {
 namespace {
@@ -95,12 +98,19 @@ absl::StatusOr<std::vector<double>> Fractions(const std::string& text) {
 }
 
 nlohmann::json RowJson(const LongCtxRow& r, int sample) {
-  return {{"task", r.task},         {"length", r.length},
-          {"sample", sample},       {"method", r.method},
-          {"budget", r.budget},     {"budget_tokens", r.budget_tokens},
-          {"pop", r.pop},           {"prompt_tokens", r.prompt_tokens},
-          {"accuracy", r.accuracy}, {"prefill_s", r.prefill_s},
-          {"draft_s", r.draft_s},   {"kv_bytes", r.kv_bytes},
+  return {{"task", r.task},
+          {"length", r.length},
+          {"sample", sample},
+          {"method", r.method},
+          {"budget", r.budget},
+          {"budget_tokens", r.budget_tokens},
+          {"pop", r.pop},
+          {"pop_kv_only_layers", r.pop_kv_only_layers},
+          {"prompt_tokens", r.prompt_tokens},
+          {"accuracy", r.accuracy},
+          {"prefill_s", r.prefill_s},
+          {"draft_s", r.draft_s},
+          {"kv_bytes", r.kv_bytes},
           {"output", r.output}};
 }
 
@@ -268,9 +278,19 @@ absl::Status EvalLongCtxMain() {
   o.precision = absl::GetFlag(FLAGS_precision);
   o.backend = absl::GetFlag(FLAGS_backend);
   o.chunk = absl::GetFlag(FLAGS_chunk);
-  o.pop_ratio = absl::GetFlag(FLAGS_pop);
+  // The POP-on rows measure POP: serve's empty default (the catalogue's ratio, 0 for every model
+  // so far) would make them the full rows again, so they take the paper's ratio instead.
+  o.pop_ratio = absl::GetFlag(FLAGS_pop).empty() ? "1/3" : absl::GetFlag(FLAGS_pop);
   o.trim_pool = absl::GetFlag(FLAGS_trim_pool);
   if (o.trim_pool < 1) return absl::InvalidArgumentError("eval-longctx: --trim_pool must be >= 1");
+  // The draft as `tripod serve` picks it: --draft_model, else the catalogue's draft of the model
+  // (the 0.5B for the Qwen2.5-Coder 1.5B), else a self-draft.
+  ASSIGN_OR_RETURN(const ServeModels models,
+                   ChooseServeModels(absl::GetFlag(FLAGS_model), absl::GetFlag(FLAGS_draft_model),
+                                     /*with_draft=*/true, /*fetch=*/false));
+  o.draft_model_path = models.draft;
+  std::fprintf(stderr, "eval-longctx: draft %s\n",
+               models.draft.empty() ? "a self-draft of the model" : models.draft.c_str());
   if (absl::GetFlag(FLAGS_draft_layers) > 0) o.draft_layers = absl::GetFlag(FLAGS_draft_layers);
   ASSIGN_OR_RETURN(o.lookahead_layers, ParseLookaheadLayers(absl::GetFlag(FLAGS_lookahead_layers)));
   ASSIGN_OR_RETURN(std::unique_ptr<LongCtxEvaluator> eval, LongCtxEvaluator::Create(o));

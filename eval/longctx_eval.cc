@@ -58,9 +58,14 @@ absl::StatusOr<std::unique_ptr<LongCtxEvaluator>> LongCtxEvaluator::Create(
   ASSIGN_OR_RETURN(e->pop_plan_, e->prefill_->PlanFor(pop));
 
   DraftEngineOptions d;
-  d.model_path = path;
-  d.self_draft_layers = options.draft_layers;
-  d.lookahead_layers = options.lookahead_layers;
+  if (options.draft_model_path.empty()) {
+    d.model_path = path;
+    d.self_draft_layers = options.draft_layers;
+    d.lookahead_layers = options.lookahead_layers;
+  } else {
+    d.model_path = options.draft_model_path;
+    d.target_model_path = path;
+  }
   d.precision = options.precision;
   d.backend = options.backend;
   d.prefill_chunk = options.chunk;
@@ -119,6 +124,7 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
     row.budget = budget;
     row.budget_tokens = budget_tokens;
     row.pop = pop;
+    row.pop_kv_only_layers = pop ? pop_plan_.count(LayerMode::kKvOnly) : 0;
     row.prompt_tokens = n;
     row.accuracy = ScoreLongCtxOutput(sample, out);
     row.prefill_s = prefill_s;

@@ -23,7 +23,10 @@ namespace tripod {
 struct LongCtxOptions {
   std::string model_path;  // empty: the bundled model
   std::string precision = "auto";
-  std::string backend = "cpu";        // every engine's (MakeBackend)
+  std::string backend = "cpu";  // every engine's (MakeBackend)
+  // A separate draft model (a GGUF of the target's vocabulary, run in full, as `tripod serve`'s
+  // draft workers run the catalogue's draft); empty: a self-draft of model_path.
+  std::string draft_model_path;
   int draft_layers = 8;               // the self-draft's depth (as tripod-draft's default)
   int lookahead_layers = kAllLayers;  // its depth for SpecKV's lookahead (as tripod-draft's)
   int chunk = 512;                    // prefill chunk
@@ -43,6 +46,7 @@ struct LongCtxRow {
   double budget = 1.0;    // fraction of the prompt (1 for full)
   int budget_tokens = 0;  // KV entries per layer and head (SpecPC: prompt tokens)
   bool pop = false;
+  int pop_kv_only_layers = 0;  // the prefill plan's layers that only projected their K/V
   int prompt_tokens = 0;
   double accuracy = 0;
   double prefill_s = 0;  // the prefill's forward passes (SpecPC: of the kept prompt)

@@ -36,6 +36,11 @@ def test_one_sample_through_every_method():
   # full once per POP setting; 7 methods x 2 budgets x 2 POP settings.
   assert len(summary) == 2 + 7 * 2 * 2, [(s["method"], s["budget"], s["pop"]) for s in summary]
   by = {(r["method"], r["budget"], r["pop"]): r for r in rows}
+  # POP's rows ran the paper's 1/3 of the layers as K/V projections only (--pop not given), the
+  # others the full plan.
+  layers = 30  # the bundled model's
+  for r in rows:
+    assert r["pop_kv_only_layers"] == (layers // 3 if r["pop"] else 0), r
   for pop in (False, True):
     full = by[("full", 1.0, pop)]
     n = full["prompt_tokens"]
@@ -61,6 +66,23 @@ def test_one_sample_through_every_method():
   for s in summary:
     lo, hi = s["accuracy_ci95"]
     assert s["samples"] == 1 and 0.0 <= lo <= s["accuracy"] <= hi <= 1.0
+
+
+def test_a_separate_draft_model():
+  # --draft_model: the draft runs that file in full (here the bundled model itself, which shares
+  # its own vocabulary), as `tripod serve`'s draft workers run the catalogue's draft; the draft's
+  # map still shapes SpecPC's kept prompt to the budget.
+  rows = run(["--lengths=512", "--tasks=niah_single", "--samples=1", "--budgets=1/4",
+              "--methods=full,specpc", "--pop_rows=off", "--precision=fp32", "--chunk=128",
+              f"--draft_model={C.MODEL}"])
+  assert [r["method"] for r in rows] == ["full", "specpc"], rows
+  assert rows[1]["draft_s"] > 0 and rows[0]["draft_s"] == 0, rows
+  assert rows[1]["budget_tokens"] == round(rows[0]["prompt_tokens"] / 4), rows
+  # A separate draft runs in full: the self-draft's depth flags do not apply to it.
+  out = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}",
+                        f"--draft_model={C.MODEL}", "--draft_layers=4", "--lengths=512"],
+                       capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0 and "--draft_model=self" in out.stderr, out.stderr
 
 
 def test_bad_flags_are_refused():

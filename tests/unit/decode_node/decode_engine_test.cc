@@ -20,13 +20,12 @@
 #include "common/util/mutex.h"
 #include "common/util/thread_pool.h"
 #include "tests/unit/decode_node/random_prompt.h"
+#include "tests/unit/decode_node/reference_forward.h"
 #include "tests/unit/decode_node/test_engine.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
 namespace {
-
-std::string ModelPath() { return TestModelPath(); }
 
 DecodeEngineOptions Options(size_t kv_bytes = size_t{64} << 20) {
   return TestEngineOptions(kv_bytes);
@@ -206,30 +205,6 @@ TEST_F(DecodeEngineTest, PrefixCacheHitGivesTheSameTokens) {
   ExpectAllFree(*e);
 }
 
-// KV of tokens 0..n-2 from a separate forward (as a prefill worker computes it).
-KvSnapshot PrefillSnapshot(const std::vector<int32_t>& prompt) {
-  CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
-  o.batch_invariant = true;
-  o.prepack_at_load = false;
-  auto backend = MakeCpuBackend(o);
-  auto model = LoadModel(ModelPath(), *backend);
-  EXPECT_TRUE(model.ok()) << model.status();
-  const ModelConfig& c = (*model)->config;
-  const int n = static_cast<int>(prompt.size()) - 1;
-  auto kv = ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32}, 1, n);
-  EXPECT_TRUE(kv.ok());
-  ForwardWorkspace ws(*backend);
-  StepBatch batch;
-  batch.AddSequence(0, prompt.data(), n, 0, 0, false);
-  const ForwardPlan plan = ForwardPlan::Full(c.n_layers);
-  EXPECT_TRUE(Forward(**model, *backend, plan, batch, **kv, ws, nullptr).ok());
-  auto snap = ExportSnapshot(**kv, 0, n);
-  EXPECT_TRUE(snap.ok()) << snap.status();
-  snap->token_ids.assign(prompt.begin(), prompt.end() - 1);
-  snap->plan_key = plan.KvKey();
-  return *std::move(snap);
-}
-
 TEST_F(DecodeEngineTest, ImportedKvGivesThePlainPathsTokens) {
   const auto ref = AloneTokens();
   auto e = NewEngine(Options());
@@ -239,7 +214,7 @@ TEST_F(DecodeEngineTest, ImportedKvGivesThePlainPathsTokens) {
   for (size_t k = 0; k < which.size(); ++k) {
     const std::vector<int32_t> prompt = RandomPrompt(kLengths[which[k]], 100 + which[k]);
     DecodeRequest r = Greedy(prompt, kNewTokens, &streams[k]);
-    r.kv = std::make_shared<KvSnapshot>(PrefillSnapshot(prompt));
+    r.kv = std::make_shared<KvSnapshot>(ReferencePrefillSnapshot(prompt));
     ASSERT_TRUE(e->Submit(std::move(r)).ok());
   }
   ASSERT_TRUE(e->RunUntilIdle().ok());
@@ -280,7 +255,7 @@ TEST_F(DecodeEngineTest, Q8KvCacheConcurrentAndImportedEqualAlone) {
   Stream imported;
   const std::vector<int32_t> prompt = RandomPrompt(kLengths[5], 105);
   DecodeRequest r = Greedy(prompt, kNewTokens, &imported);
-  r.kv = std::make_shared<KvSnapshot>(PrefillSnapshot(prompt));  // f32 KV
+  r.kv = std::make_shared<KvSnapshot>(ReferencePrefillSnapshot(prompt));  // f32 KV
   ASSERT_TRUE(e->Submit(std::move(r)).ok());
   ASSERT_TRUE(e->RunUntilIdle().ok());
   EXPECT_EQ(imported.tokens, alone[5]);

@@ -24,6 +24,7 @@
 #include "common/rpc/worker_server.h"
 #include "common/util/thread_pool.h"
 #include "tests/unit/decode_node/random_prompt.h"
+#include "tests/unit/decode_node/reference_forward.h"
 #include "tests/unit/decode_node/test_engine.h"
 #include "tests/unit/test_model.h"
 
@@ -106,22 +107,7 @@ struct Worker {
 
 // The prefill side: KV of prompt tokens 0..n-2 computed by a separate forward (full plan).
 std::unique_ptr<ContiguousKvCache> PrefillKv(const std::vector<int32_t>& prompt) {
-  CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
-  o.batch_invariant = true;
-  o.prepack_at_load = false;
-  auto backend = MakeCpuBackend(o);
-  auto model = LoadModel(TestModelPath(), *backend);
-  EXPECT_TRUE(model.ok()) << model.status();
-  const ModelConfig& c = (*model)->config;
-  const int n = static_cast<int>(prompt.size()) - 1;
-  auto kv = ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32}, 1, n);
-  EXPECT_TRUE(kv.ok());
-  ForwardWorkspace ws(*backend);
-  StepBatch batch;
-  batch.AddSequence(0, prompt.data(), n, 0, 0, false);
-  EXPECT_TRUE(
-      Forward(**model, *backend, ForwardPlan::Full(c.n_layers), batch, **kv, ws, nullptr).ok());
-  return std::move(*kv);
+  return RunReferenceForward(prompt, static_cast<int>(prompt.size()) - 1).kv;
 }
 
 // Chunks of n slots: a few layers per chunk, slots in pieces, then the end message.

@@ -20,6 +20,7 @@
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "tests/unit/decode_node/random_prompt.h"
+#include "tests/unit/decode_node/reference_forward.h"
 #include "tests/unit/decode_node/test_engine.h"
 #include "tests/unit/test_model.h"
 
@@ -55,30 +56,6 @@ DecodeRequest Greedy(std::vector<int32_t> prompt, int max_tokens, Stream* out) {
     ++out->events;
   };
   return r;
-}
-
-// KV of tokens 0..n-2 from a separate forward (as a prefill worker computes it).
-KvSnapshot PrefillSnapshot(const std::vector<int32_t>& prompt) {
-  CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
-  o.batch_invariant = true;
-  o.prepack_at_load = false;
-  auto backend = MakeCpuBackend(o);
-  auto model = LoadModel(TestModelPath(), *backend);
-  EXPECT_TRUE(model.ok()) << model.status();
-  const ModelConfig& c = (*model)->config;
-  const int n = static_cast<int>(prompt.size()) - 1;
-  auto kv = ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32}, 1, n);
-  EXPECT_TRUE(kv.ok());
-  ForwardWorkspace ws(*backend);
-  StepBatch batch;
-  batch.AddSequence(0, prompt.data(), n, 0, 0, false);
-  const ForwardPlan plan = ForwardPlan::Full(c.n_layers);
-  EXPECT_TRUE(Forward(**model, *backend, plan, batch, **kv, ws, nullptr).ok());
-  auto snap = ExportSnapshot(**kv, 0, n);
-  EXPECT_TRUE(snap.ok()) << snap.status();
-  snap->token_ids.assign(prompt.begin(), prompt.end() - 1);
-  snap->plan_key = plan.KvKey();
-  return *std::move(snap);
 }
 
 // `keep` of the snapshot's positions per (layer, head), a different random subset each (SpecKV's
@@ -143,7 +120,7 @@ TEST_F(KvReservationTest, AdoptedKvGivesTheImportAndLocalPrefillTokens) {
   ASSERT_NE(e, nullptr);
   for (int n : {2, 17, 50, 97}) {  // one slot, part of a block, several blocks
     const std::vector<int32_t> prompt = RandomPrompt(n, 300 + n);
-    const KvSnapshot snap = PrefillSnapshot(prompt);
+    const KvSnapshot snap = ReferencePrefillSnapshot(prompt);
     Stream local, imported, adopted;
     // Another engine for the local prefill, so that no prefix-cache hit is involved.
     auto fresh = NewEngine(Options());
@@ -178,7 +155,7 @@ TEST_F(KvReservationTest, TrimmedAdoptedKvGivesTheTrimmedImportsTokens) {
   auto e = NewEngine(Options());
   ASSERT_NE(e, nullptr);
   const std::vector<int32_t> prompt = RandomPrompt(80, 11);
-  const KvSnapshot trimmed = Trim(PrefillSnapshot(prompt), 45, 5);
+  const KvSnapshot trimmed = Trim(ReferencePrefillSnapshot(prompt), 45, 5);
   Stream imported, adopted;
   DecodeRequest imp = Greedy(prompt, kNew, &imported);
   imp.kv = std::make_shared<KvSnapshot>(trimmed);
@@ -262,7 +239,7 @@ TEST_F(KvReservationTest, CancelledAdoptingRequestFreesTheReservation) {
   auto e = NewEngine(Options());
   ASSERT_NE(e, nullptr);
   const std::vector<int32_t> prompt = RandomPrompt(40, 9);
-  const KvSnapshot snap = PrefillSnapshot(prompt);
+  const KvSnapshot snap = ReferencePrefillSnapshot(prompt);
   Stream s;
   auto id = e->Submit(AdoptingRequest(*e, prompt, snap, 8, &s));
   ASSERT_TRUE(id.ok());
@@ -296,7 +273,7 @@ TEST_F(KvReservationTest, PreemptedAdoptingSequenceRecomputesToTheSameTokens) {
   auto e = NewEngine(o);
   ASSERT_NE(e, nullptr);
   Stream s1, s2;
-  const KvSnapshot k1 = PrefillSnapshot(p1), k2 = PrefillSnapshot(p2);
+  const KvSnapshot k1 = ReferencePrefillSnapshot(p1), k2 = ReferencePrefillSnapshot(p2);
   ASSERT_TRUE(e->Submit(AdoptingRequest(*e, p1, k1, kLong, &s1)).ok());
   ASSERT_TRUE(e->Submit(AdoptingRequest(*e, p2, k2, kLong, &s2)).ok());
   ASSERT_TRUE(e->RunUntilIdle().ok());
@@ -314,7 +291,7 @@ TEST_F(KvReservationTest, ReservationsFromOtherThreadsWhileTheLoopRuns) {
   auto e = NewEngine(Options());
   ASSERT_NE(e, nullptr);
   const std::vector<int32_t> prompt = RandomPrompt(70, 31);
-  const KvSnapshot snap = PrefillSnapshot(prompt);
+  const KvSnapshot snap = ReferencePrefillSnapshot(prompt);
   Stream local;
   ASSERT_TRUE(e->Submit(Greedy(prompt, kNew, &local)).ok());
   ASSERT_TRUE(e->RunUntilIdle().ok());

@@ -15,6 +15,7 @@
 #include "common/util/thread_pool.h"
 #include "decode_node/decode_engine.h"
 #include "tests/unit/decode_node/random_prompt.h"
+#include "tests/unit/decode_node/reference_forward.h"
 #include "tests/unit/test_model.h"
 
 namespace tripod {
@@ -64,29 +65,13 @@ DecodeRequest Request(std::vector<int32_t> prompt, int max_tokens, Collected* ou
 // The log-softmax at every position of one forward over the whole prompt (fp32,
 // batch-invariant, as the engine's kernels): row r predicts token r + 1.
 std::vector<PositionLogprobs> WholeForward(const std::vector<int32_t>& ids, int top_k) {
-  CpuBackendOptions o = *CpuOptionsForPrecision("fp32");
-  o.batch_invariant = true;
-  o.prepack_at_load = false;
-  auto backend = MakeCpuBackend(o);
-  auto model = LoadModel(TestModelPath(), *backend);
-  EXPECT_TRUE(model.ok()) << model.status();
-  const ModelConfig& c = (*model)->config;
   const int n = static_cast<int>(ids.size());
-  auto kv = ContiguousKvCache::Create({c.n_layers, c.n_kv_heads, c.head_dim, KvDtype::kF32}, 1, n);
-  EXPECT_TRUE(kv.ok());
-  ForwardWorkspace ws(*backend);
-  StepBatch batch;
-  batch.AddSequence(0, ids.data(), n, 0, 0, false);
-  for (int r = 0; r < n - 1; ++r) batch.logit_rows.push_back(r);
-  std::vector<float> logits;
-  EXPECT_TRUE(
-      Forward(**model, *backend, ForwardPlan::Full(c.n_layers), batch, **kv, ws, &logits).ok());
+  std::vector<int32_t> rows;
+  for (int r = 0; r < n - 1; ++r) rows.push_back(r);
+  const ReferenceForward f = RunReferenceForward(ids, n, rows);
   std::vector<PositionLogprobs> out;
-  for (int r = 0; r < n - 1; ++r) {
-    out.push_back(LogprobsAt(
-        std::span<const float>(logits.data() + size_t{1} * r * c.vocab_size, c.vocab_size),
-        ids[r + 1], top_k));
-  }
+  if (f.logits.empty()) return out;
+  for (int r = 0; r < n - 1; ++r) out.push_back(LogprobsAt(f.row(r), ids[r + 1], top_k));
   return out;
 }
 
