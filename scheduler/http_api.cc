@@ -230,6 +230,7 @@ void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
       {"/v1/chat/completions", "POST"},
       {"/tokenize", "POST"},
       {"/detokenize", "POST"},
+      {"/tokenizer_info", "GET"},
   };
   const Route* route = nullptr;
   for (const Route& r : kRoutes) {
@@ -282,6 +283,9 @@ void HttpApi::Handle(std::shared_ptr<HttpExchange> ex) {
     OffIo(std::move(ex), &HttpApi::Tokenize);
   } else if (path == "/detokenize") {
     OffIo(std::move(ex), &HttpApi::Detokenize);
+  } else if (path == "/tokenizer_info") {
+    ex->Respond(
+        JsonResponse(TokenizerInfoBody(*config_.model->tokenizer, config_.model->max_model_len)));
   }
 }
 

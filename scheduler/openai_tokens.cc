@@ -174,4 +174,21 @@ std::string DetokenizeResponseBody(const DetokenizeRequest& request, const Token
   return DumpJson(body);
 }
 
+std::string TokenizerInfoBody(const Tokenizer& tokenizer, int64_t max_model_len) {
+  const auto token_text = [&tokenizer](int32_t id) -> nlohmann::ordered_json {
+    if (id < 0 || id >= tokenizer.vocab_size()) return nullptr;
+    return std::string(tokenizer.TokenText(id));
+  };
+  nlohmann::ordered_json body;
+  body["tokenizer_class"] = tokenizer.kind() == TokenizerKind::kByteLevelBpe ? "gpt2" : "llama";
+  body["bos_token"] = token_text(tokenizer.bos_id());
+  body["eos_token"] = token_text(tokenizer.eos_id());
+  body["pad_token"] = nullptr;
+  body["add_bos_token"] = tokenizer.add_bos() && tokenizer.bos_id() >= 0;
+  body["model_max_length"] =
+      max_model_len > 0 ? nlohmann::ordered_json(max_model_len) : nlohmann::ordered_json();
+  body["vocab_size"] = tokenizer.vocab_size();
+  return DumpJson(body);
+}
+
 }  // namespace tripod::scheduler

@@ -1,5 +1,6 @@
 // Text <-> token ids for the API: the prompt ids of a completion request (what the lifecycle
-// sends to the workers), and vLLM's POST /tokenize and POST /detokenize bodies.
+// sends to the workers), and vLLM's POST /tokenize, POST /detokenize and GET /tokenizer_info
+// bodies.
 #pragma once
 
 #include <cstdint>
@@ -56,5 +57,14 @@ struct DetokenizeRequest {
 ApiResult<DetokenizeRequest> ParseDetokenizeBody(std::string_view body, int32_t vocab_size);
 // {"prompt": text}; bytes that are not UTF-8 (ids that split a character) become U+FFFD.
 std::string DetokenizeResponseBody(const DetokenizeRequest& request, const Tokenizer& tokenizer);
+
+// GET /tokenizer_info (vLLM's): what a client needs to tokenize through /tokenize and
+// /detokenize instead of loading the tokenizer itself (lm-evaluation-harness's remote tokenizer
+// looks for it, and for "eos_token" in it, before it uses them): "tokenizer_class" (the GGUF's
+// tokenizer model, "gpt2" for byte-level BPE or "llama" for SentencePiece BPE, not a Hugging Face
+// class name), "bos_token" and "eos_token" (their text, null when the model has none),
+// "pad_token" (null: the API never pads), "add_bos_token" (whether a text prompt gets BOS),
+// "model_max_length" (null when unknown) and "vocab_size".
+std::string TokenizerInfoBody(const Tokenizer& tokenizer, int64_t max_model_len);
 
 }  // namespace tripod::scheduler

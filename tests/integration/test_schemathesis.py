@@ -51,6 +51,7 @@ EXAMPLES = {
     ("POST", "/v1/chat/completions"): 60,
     ("POST", "/tokenize"): 40,
     ("POST", "/detokenize"): 40,
+    ("GET", "/tokenizer_info"): 3,
     ("GET", "/v1/models"): 3,
     ("GET", "/health"): 3,
     ("GET", "/metrics"): 3,

@@ -231,5 +231,25 @@ TEST_F(OpenAiTokensTest, DetokenizeSplitCharacterIsStillJson) {
   EXPECT_TRUE(out["prompt"].is_string());
 }
 
+TEST_F(OpenAiTokensTest, TokenizerInfoNamesTheSpecialTokensTokenizeKnows) {
+  const json info = json::parse(TokenizerInfoBody(*tokenizer_, 8192));
+  EXPECT_EQ(info["tokenizer_class"], "gpt2");
+  EXPECT_EQ(info["model_max_length"], 8192);
+  EXPECT_EQ(info["vocab_size"], tokenizer_->vocab_size());
+  EXPECT_TRUE(info["pad_token"].is_null());
+  // lm-evaluation-harness reads the EOS id as /tokenize of this text (no special tokens added).
+  ASSERT_TRUE(info["eos_token"].is_string());
+  TokenizeRequest r;
+  r.prompt = info["eos_token"].get<std::string>();
+  r.add_special_tokens = false;
+  auto ids = Tokenize(r, *tokenizer_, *template_);
+  ASSERT_TRUE(std::holds_alternative<std::vector<int32_t>>(ids));
+  EXPECT_EQ(std::get<std::vector<int32_t>>(ids), std::vector<int32_t>{tokenizer_->eos_id()});
+  ASSERT_TRUE(info["bos_token"].is_string());
+  EXPECT_EQ(tokenizer_->FindToken(info["bos_token"].get<std::string>()), tokenizer_->bos_id());
+  EXPECT_EQ(info["add_bos_token"], tokenizer_->add_bos());
+  EXPECT_TRUE(json::parse(TokenizerInfoBody(*tokenizer_, 0))["model_max_length"].is_null());
+}
+
 }  // namespace
 }  // namespace tripod::scheduler
