@@ -138,18 +138,32 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
   for (const bool pop : pops) {
     PrefillRun run;
     run.plan = pop ? &pop_plan_ : nullptr;
-    // The untrimmed prefill: the reference row, what the fixed methods trim, and what every
-    // method amounts to at a budget that keeps everything.
-    ASSIGN_OR_RETURN(const PrefillResult full, prefill_->Run(prompt, run));
+    // One pass per POP setting serves the untrimmed KV (the reference row, what the fixed methods
+    // trim, and what every method amounts to at a budget that keeps everything) and the scores of
+    // SpecKV (window, last token and lookahead) and SnapKV / PyramidKV (window and last token):
+    // the lookahead runs as a batch of its own after the window's (split_lookahead); the
+    // untrimmed KV is the prompt's either way. Without a scoring method, a plain prefill.
+    const bool want_speckv = Wants(methods, "speckv");
+    const bool want_snapkv = Wants(methods, "snapkv") || Wants(methods, "pyramidkv");
+    std::optional<PrefillEngine::Scored> scored;
+    std::optional<PrefillResult> plain;
+    if (want_speckv || want_snapkv) {
+      const std::vector<int32_t> lookahead = want_speckv ? draft.lookahead : std::vector<int32_t>{};
+      ASSIGN_OR_RETURN(scored, prefill_->RunScored(prompt, window, lookahead, run.plan,
+                                                   /*split_lookahead=*/true));
+    } else {
+      ASSIGN_OR_RETURN(plain, prefill_->Run(prompt, run));
+    }
+    const KvSnapshot& full_kv = scored ? scored->full.kv : plain->kv;
+    // The prompt's passes (the lookahead's batch left out).
+    const double full_s = scored ? scored->full.forward_s - scored->lookahead_s : plain->forward_s;
+    const CapturedAttention* speckv_att = want_speckv ? &scored->attention : nullptr;
+    const CapturedAttention* snapkv_att = nullptr;
+    if (want_snapkv) {
+      snapkv_att = scored->window_only.n_keys > 0 ? &scored->window_only : &scored->attention;
+    }
     if (Wants(methods, "full")) {
-      RETURN_IF_ERROR(add("full", 1.0, m, pop, prompt, full.kv, full.forward_s, 0));
-    }
-    std::optional<PrefillEngine::Scored> speckv, snapkv;
-    if (Wants(methods, "speckv")) {
-      ASSIGN_OR_RETURN(speckv, prefill_->RunScored(prompt, window, draft.lookahead, run.plan));
-    }
-    if (Wants(methods, "snapkv") || Wants(methods, "pyramidkv")) {
-      ASSIGN_OR_RETURN(snapkv, prefill_->RunScored(prompt, window, {}, run.plan));
+      RETURN_IF_ERROR(add("full", 1.0, m, pop, prompt, full_kv, full_s, 0));
     }
     for (const double fraction : budgets) {
       const int budget = std::max(1, static_cast<int>(std::lround(fraction * n)));
@@ -163,7 +177,7 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
         for (const std::string& method : methods) {
           if (method == "full" || (CompressesPrompt(method) && budget < n)) continue;
           RETURN_IF_ERROR(add(method, fraction, CompressesPrompt(method) ? n : m, pop, prompt,
-                              full.kv, full.forward_s, 0));
+                              full_kv, full_s, 0));
         }
         if ((!Wants(methods, "specpc") && !Wants(methods, "keeplast")) || budget >= n) continue;
       }
@@ -176,38 +190,34 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
                          const std::vector<int32_t>& positions) -> absl::StatusOr<KvSnapshot> {
         return TrimSnapshot(untrimmed, positions, kv_budget);
       };
-      if (speckv && budget < m) {
+      if (speckv_att != nullptr && budget < m) {
         policy.method = TrimMethod::kSpecKv;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
-                         trimmed(speckv->full.kv, ScoredPositions(policy, speckv->attention, m)));
-        RETURN_IF_ERROR(add("speckv", fraction, kv_budget, pop, prompt, kv, speckv->full.forward_s,
+                         trimmed(full_kv, ScoredPositions(policy, *speckv_att, m)));
+        RETURN_IF_ERROR(add("speckv", fraction, kv_budget, pop, prompt, kv, scored->full.forward_s,
                             draft.prefill_s + draft.lookahead_s));
       }
-      if (snapkv && budget < m && Wants(methods, "pyramidkv")) {
+      if (snapkv_att != nullptr && budget < m && Wants(methods, "pyramidkv")) {
         // SnapKV's scores, a budget per layer (the same pass: the scores do not depend on it).
         TrimPolicy pyramid = policy;
         pyramid.method = TrimMethod::kPyramidKv;
         pyramid.layer_budgets = PyramidLayerBudgets(kv_budget, window, c.n_layers, m);
         ASSIGN_OR_RETURN(
             const KvSnapshot kv,
-            TrimSnapshot(snapkv->full.kv, ScoredPositions(pyramid, snapkv->attention, m),
-                         TrimmedSlots(pyramid)));
-        RETURN_IF_ERROR(
-            add("pyramidkv", fraction, kv_budget, pop, prompt, kv, snapkv->full.forward_s, 0));
+            TrimSnapshot(full_kv, ScoredPositions(pyramid, *snapkv_att, m), TrimmedSlots(pyramid)));
+        RETURN_IF_ERROR(add("pyramidkv", fraction, kv_budget, pop, prompt, kv, full_s, 0));
       }
-      if (snapkv && budget < m && Wants(methods, "snapkv")) {
+      if (snapkv_att != nullptr && budget < m && Wants(methods, "snapkv")) {
         policy.method = TrimMethod::kSnapKv;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
-                         trimmed(snapkv->full.kv, ScoredPositions(policy, snapkv->attention, m)));
-        RETURN_IF_ERROR(
-            add("snapkv", fraction, kv_budget, pop, prompt, kv, snapkv->full.forward_s, 0));
+                         trimmed(full_kv, ScoredPositions(policy, *snapkv_att, m)));
+        RETURN_IF_ERROR(add("snapkv", fraction, kv_budget, pop, prompt, kv, full_s, 0));
       }
       if (Wants(methods, "streamingllm") && budget < m) {
         policy.method = TrimMethod::kStreamingLlm;
         ASSIGN_OR_RETURN(const KvSnapshot kv,
-                         trimmed(full.kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
-        RETURN_IF_ERROR(
-            add("streamingllm", fraction, kv_budget, pop, prompt, kv, full.forward_s, 0));
+                         trimmed(full_kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
+        RETURN_IF_ERROR(add("streamingllm", fraction, kv_budget, pop, prompt, kv, full_s, 0));
       }
       if (Wants(methods, "draftmap") && budget < m) {
         policy.method = TrimMethod::kDraftMap;
@@ -216,10 +226,10 @@ absl::StatusOr<std::vector<LongCtxRow>> LongCtxEvaluator::Evaluate(
           if (i < m) policy.keep.push_back(i);
         }
         ASSIGN_OR_RETURN(const KvSnapshot kv,
-                         trimmed(full.kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
+                         trimmed(full_kv, FixedPositions(policy, m, c.n_layers, c.n_kv_heads)));
         policy.keep.clear();
         RETURN_IF_ERROR(
-            add("draftmap", fraction, kv_budget, pop, prompt, kv, full.forward_s, draft.prefill_s));
+            add("draftmap", fraction, kv_budget, pop, prompt, kv, full_s, draft.prefill_s));
       }
       if (Wants(methods, "specpc")) {
         std::vector<int32_t> kept;

@@ -199,7 +199,7 @@ absl::StatusOr<PrefillResult> PrefillEngine::RunTrimmed(const std::vector<int32_
 
 absl::StatusOr<PrefillEngine::Scored> PrefillEngine::RunScored(
     const std::vector<int32_t>& prompt, int window, const std::vector<int32_t>& lookahead,
-    const ForwardPlan* plan_in) {
+    const ForwardPlan* plan_in, bool split_lookahead) {
   RETURN_IF_ERROR(CheckPrompt(model_->config, prompt));
   const ModelConfig& c = model_->config;
   const int n = static_cast<int>(prompt.size());
@@ -237,7 +237,8 @@ absl::StatusOr<PrefillEngine::Scored> PrefillEngine::RunScored(
                                                    c.context_length));
   }
   std::vector<int32_t> tail(prompt.begin() + (m - window), prompt.end());
-  tail.insert(tail.end(), lookahead.begin(), lookahead.end());
+  const bool split = split_lookahead && !lookahead.empty();
+  if (!split) tail.insert(tail.end(), lookahead.begin(), lookahead.end());
   KvLayout layout{c.n_layers, c.n_kv_heads, c.head_dim, kv_dtype_};
   ASSIGN_OR_RETURN(std::unique_ptr<ContiguousKvCache> cache,
                    ContiguousKvCache::Create(layout, 1, total, backend_->DeviceKvMemory()));
@@ -258,22 +259,51 @@ absl::StatusOr<PrefillEngine::Scored> PrefillEngine::RunScored(
     RETURN_IF_ERROR(Forward(*model_, *backend_, plan, batch, *cache, *ws_, nullptr));
     ++r.chunks;
   }
-  ForwardPlan scoring = plan;
-  scoring.capture.window = static_cast<int>(tail.size());
-  scoring.capture.layers.assign(c.n_layers, 1);
-  StepBatch batch;
-  batch.AddSequence(0, tail.data(), static_cast<int>(tail.size()), outside, outside, false);
-  std::vector<CapturedAttention> captured;
-  RETURN_IF_ERROR(
-      Forward(*model_, *backend_, scoring, batch, *cache, *ws_, nullptr, {}, &captured));
-  ++r.chunks;
+  // Captures every query of a batch of `ids` at position `pos`.
+  auto scored_batch = [&](const std::vector<int32_t>& ids, int pos,
+                          CapturedAttention* att) -> absl::Status {
+    ForwardPlan scoring = plan;
+    scoring.capture.window = static_cast<int>(ids.size());
+    scoring.capture.layers.assign(c.n_layers, 1);
+    StepBatch batch;
+    batch.AddSequence(0, ids.data(), static_cast<int>(ids.size()), pos, pos, false);
+    std::vector<CapturedAttention> captured;
+    RETURN_IF_ERROR(
+        Forward(*model_, *backend_, scoring, batch, *cache, *ws_, nullptr, {}, &captured));
+    ++r.chunks;
+    *att = std::move(captured.at(0));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(scored_batch(tail, outside, &out.attention));
+  if (split) {
+    const auto tl = Clock::now();
+    CapturedAttention more;
+    RETURN_IF_ERROR(scored_batch(lookahead, n, &more));
+    out.lookahead_s = Seconds(tl, Clock::now());
+    out.window_only = out.attention;
+    // The lookahead's queries see every key the window's did, and their own: max and sum of the
+    // two over the common keys, the lookahead's alone past them.
+    const CapturedAttention& a = out.window_only;
+    for (int l = 0; l < c.n_layers; ++l) {
+      for (int h = 0; h < c.n_kv_heads; ++h) {
+        float* mx = more.max.data() + (size_t{1} * l * more.n_kv_heads + h) * more.n_keys;
+        float* sm = more.sum.data() + (size_t{1} * l * more.n_kv_heads + h) * more.n_keys;
+        const float* amx = a.max_at(l, h);
+        const float* asm_ = a.sum_at(l, h);
+        for (int k = 0; k < a.n_keys; ++k) {
+          mx[k] = std::max(mx[k], amx[k]);
+          sm[k] += asm_[k];
+        }
+      }
+    }
+    out.attention = std::move(more);
+  }
   const auto t1 = Clock::now();
   r.forward_s = Seconds(t0, t1);
   backend_->Synchronize();
   ASSIGN_OR_RETURN(r.kv, ExportSnapshot(*cache, 0, m));
   r.kv.plan_key = r.plan_key;
   r.export_s = Seconds(t1, Clock::now());
-  out.attention = std::move(captured.at(0));
   return out;
 }
 

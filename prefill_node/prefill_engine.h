@@ -95,13 +95,21 @@ class PrefillEngine {
   // as one batch after the rest. Every layer needs queries: full layers have them, POP's K/V-only
   // layers project theirs from the stream their K/V come from (loaded with
   // PrefillOptions::score_queries); FAILED_PRECONDITION otherwise. window in [1, n - 1].
+  //
+  // split_lookahead (an evaluation's sharing, not the worker's path): the lookahead runs as a
+  // batch of its own after the window's, so that `window_only` holds the window's and the last
+  // token's attention alone (SnapKV's scores) while `attention` combines both batches (max and
+  // sum over the queries, as one batch gives them up to rounding), and one pass serves SpecKV,
+  // SnapKV and the untrimmed KV. lookahead_s: that batch's time (part of full.forward_s).
   struct Scored {
     PrefillResult full;
     CapturedAttention attention;
+    CapturedAttention window_only;  // split_lookahead only
+    double lookahead_s = 0;
   };
   absl::StatusOr<Scored> RunScored(const std::vector<int32_t>& prompt, int window,
                                    const std::vector<int32_t>& lookahead,
-                                   const ForwardPlan* plan = nullptr);
+                                   const ForwardPlan* plan = nullptr, bool split_lookahead = false);
 
   // The plan for a request's POP config (nullopt: this worker's own). A worker that loaded the
   // full weights (no layer skipped at load) runs any legal plan, its K/V-only layers through the
