@@ -21,8 +21,8 @@ namespace {
 // choices' limit, the model; as HTTP's.
 ApiResult<PreparedRequest> Admit(grpc::CallbackServerContext* context,
                                  const v1::CompletionRequest& proto, bool stream,
-                                 const ApiKeys& keys, const ServedModel& model,
-                                 const Dispatcher& dispatcher, CompletionRequest* parsed_out) {
+                                 const ApiKeys& keys, const ServedModel& model, int max_n,
+                                 CompletionRequest* parsed_out) {
   if (keys.enabled()) {
     const auto& md = context->client_metadata();
     auto it = md.find("authorization");
@@ -33,9 +33,7 @@ ApiResult<PreparedRequest> Admit(grpc::CallbackServerContext* context,
   ApiResult<CompletionRequest> parsed = CompletionRequestFromProto(proto, stream);
   if (const ApiError* e = std::get_if<ApiError>(&parsed)) return *e;
   *parsed_out = std::get<CompletionRequest>(std::move(parsed));
-  if (std::optional<ApiError> e = CheckChoiceLimit(*parsed_out, dispatcher.options().max_n)) {
-    return *e;
-  }
+  if (std::optional<ApiError> e = CheckChoiceLimit(*parsed_out, max_n)) return *e;
   return PrepareRequest(*parsed_out, model);
 }
 
@@ -58,11 +56,11 @@ class CompleteReactor : public grpc::ServerUnaryReactor {
   }
 
   void Run(grpc::CallbackServerContext* context, const v1::CompletionRequest& proto,
-           const ApiKeys& keys, Dispatcher& dispatcher) {
+           const ApiKeys& keys, int max_n, Dispatcher& dispatcher) {
     const int64_t received_unix_s = static_cast<int64_t>(std::time(nullptr));
     CompletionRequest parsed;
     ApiResult<PreparedRequest> prepared =
-        Admit(context, proto, /*stream=*/false, keys, model_, dispatcher, &parsed);
+        Admit(context, proto, /*stream=*/false, keys, model_, max_n, &parsed);
     if (const ApiError* e = std::get_if<ApiError>(&prepared)) return FinishLocked(ToGrpcStatus(*e));
     ctx_ = MakeResponseContext(parsed, model_.name, received_unix_s);
     n_ = parsed.n;
@@ -164,7 +162,8 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
 
   grpc::ServerWriteReactor<v1::CompletionChunk>* Run(grpc::CallbackServerContext* context,
                                                      const v1::CompletionRequest& proto,
-                                                     const ApiKeys& keys, Dispatcher& dispatcher) {
+                                                     const ApiKeys& keys, int max_n,
+                                                     Dispatcher& dispatcher) {
     const int64_t received_unix_s = static_cast<int64_t>(std::time(nullptr));
     auto self = shared_from_this();
     StreamHooks hooks;
@@ -185,7 +184,7 @@ class GenerateCall : public std::enable_shared_from_this<GenerateCall> {
     grpc::ServerWriteReactor<v1::CompletionChunk>* reactor = stream_->Open();
     CompletionRequest parsed;
     ApiResult<PreparedRequest> prepared =
-        Admit(context, proto, /*stream=*/true, keys, model_, dispatcher, &parsed);
+        Admit(context, proto, /*stream=*/true, keys, model_, max_n, &parsed);
     if (const ApiError* e = std::get_if<ApiError>(&prepared)) {
       stream_->End(ToGrpcStatus(*e));
       return reactor;
@@ -293,13 +292,14 @@ grpc::ServerUnaryReactor* CompletionService::Complete(grpc::CallbackServerContex
                                                       const v1::CompletionRequest* request,
                                                       v1::CompletionResponse* response) {
   auto* reactor = new CompleteReactor(*model_, response);
-  reactor->Run(context, *request, *keys_, *dispatcher_);
+  reactor->Run(context, *request, *keys_, max_n_, *dispatcher_);
   return reactor;
 }
 
 grpc::ServerWriteReactor<v1::CompletionChunk>* CompletionService::Generate(
     grpc::CallbackServerContext* context, const v1::CompletionRequest* request) {
-  return std::make_shared<GenerateCall>(*model_)->Run(context, *request, *keys_, *dispatcher_);
+  return std::make_shared<GenerateCall>(*model_)->Run(context, *request, *keys_, max_n_,
+                                                      *dispatcher_);
 }
 
 }  // namespace tripod::scheduler
