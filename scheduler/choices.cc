@@ -46,15 +46,6 @@ std::optional<ApiError> CheckChoiceLimit(const CompletionRequest& request, int m
   return std::nullopt;
 }
 
-std::optional<ApiError> OnlyOneChoice(const std::optional<int64_t>& n) {
-  if (!n.has_value() || *n <= 1) return std::nullopt;  // below 1: ParseChoiceCounts' refusal
-  return InvalidRequest(
-      absl::StrCat("'n' must be 1 over gRPC (its stream has no choice index; the HTTP API takes "
-                   "n > 1), got ",
-                   *n),
-      "n");
-}
-
 double CumulativeLogprob(const ChoiceOutput& choice) {
   double sum = 0;
   for (const GeneratedToken& t : choice.tokens) {
@@ -77,6 +68,27 @@ std::vector<ChoiceOutput> BestChoices(std::vector<ChoiceOutput> candidates, int 
     best.back().index = k;
   }
   return best;
+}
+
+Candidates::Candidates(int best_of) {
+  for (int i = 0; i < best_of; ++i) all_.push_back(ChoiceOutput{i, {}, ""});
+}
+
+void Candidates::AddToken(const GeneratedToken& t) {
+  if (t.choice >= 0 && t.choice < static_cast<int>(all_.size())) all_[t.choice].tokens.push_back(t);
+}
+
+void Candidates::EndChoice(int choice, const std::string& finish_reason) {
+  if (choice >= 0 && choice < static_cast<int>(all_.size())) {
+    all_[choice].finish_reason = finish_reason;
+  }
+}
+
+std::vector<ChoiceOutput> Candidates::Best(const CompletionEnd& end, int n) && {
+  for (ChoiceOutput& c : all_) {
+    if (c.finish_reason.empty()) c.finish_reason = end.finish_reason;
+  }
+  return BestChoices(std::move(all_), n);
 }
 
 }  // namespace tripod::scheduler

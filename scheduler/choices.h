@@ -7,7 +7,7 @@
 //   best_of  n..max_n: candidates generated (default n); the n with the highest cumulative
 //            log-probability are returned (vLLM's rule), re-indexed 0..n-1 in that order.
 //            Refused with stream (the best are known only at the end), as OpenAI and vLLM do.
-// Over gRPC only n = 1 (its stream has no choice index).
+// The same over HTTP and gRPC (whose chunks carry the choice's index).
 #pragma once
 
 #include <cstdint>
@@ -32,14 +32,25 @@ std::optional<ApiError> ParseChoiceCounts(const std::optional<int64_t>& n,
 // 400 (param n or best_of) when the request asks for more than max_n candidates.
 std::optional<ApiError> CheckChoiceLimit(const CompletionRequest& request, int max_n);
 
-// The gRPC door's n: not above 1.
-std::optional<ApiError> OnlyOneChoice(const std::optional<int64_t>& n);
-
 // Sum of the choice's sampled tokens' log-probabilities.
 double CumulativeLogprob(const ChoiceOutput& choice);
 
 // The n candidates with the highest cumulative log-probability, best first (ties: the lower
 // index), re-indexed 0..n-1. All of them, in their order, when n >= their count.
 std::vector<ChoiceOutput> BestChoices(std::vector<ChoiceOutput> candidates, int n);
+
+// A whole (not streamed) answer's candidates as their tokens and ends come in, for both front
+// ends. Not thread-safe.
+class Candidates {
+ public:
+  explicit Candidates(int best_of);
+  void AddToken(const GeneratedToken& t);  // to its choice's candidate
+  void EndChoice(int choice, const std::string& finish_reason);
+  // The n returned (BestChoices); a candidate without its own end ends as the request did.
+  std::vector<ChoiceOutput> Best(const CompletionEnd& end, int n) &&;
+
+ private:
+  std::vector<ChoiceOutput> all_;
+};
 
 }  // namespace tripod::scheduler

@@ -16,7 +16,7 @@ namespace tripod::scheduler {
 class CompletionService final : public v1::Completion::CallbackService {
  public:
   CompletionService(const ServedModel* model, Dispatcher* dispatcher, const ApiKeys* keys)
-      : model_(model), dispatcher_(dispatcher), keys_(keys) {}
+      : model_(model), dispatcher_(dispatcher), keys_(keys), max_n_(dispatcher->options().max_n) {}
 
   grpc::ServerUnaryReactor* Complete(grpc::CallbackServerContext* context,
                                      const v1::CompletionRequest* request,
@@ -28,6 +28,7 @@ class CompletionService final : public v1::Completion::CallbackService {
   const ServedModel* model_;
   Dispatcher* dispatcher_;
   const ApiKeys* keys_;
+  const int max_n_;  // the dispatcher's: n and best_of at most (choices.h)
 };
 
 }  // namespace tripod::scheduler

@@ -55,7 +55,7 @@ struct Answer {
   Mutex mu;
   bool headers_sent ABSL_GUARDED_BY(mu) = false;
   // Not streamed: the whole answer, by candidate.
-  std::vector<ChoiceOutput> choices ABSL_GUARDED_BY(mu);
+  std::optional<Candidates> candidates ABSL_GUARDED_BY(mu);
   int choices_ended ABSL_GUARDED_BY(mu) = 0;  // streamed with n > 1
   int last_choice ABSL_GUARDED_BY(mu) = 0;    // the choice whose end Finish sends
   PromptEcho echo ABSL_GUARDED_BY(mu);        // what the answer gives back of its prompt
@@ -82,12 +82,7 @@ struct Answer {
 
   void OnToken(const GeneratedToken& t) {
     MutexLock l(&mu);
-    if (!stream) {
-      if (t.choice >= 0 && t.choice < static_cast<int>(choices.size())) {
-        choices[t.choice].tokens.push_back(t);
-      }
-      return;
-    }
+    if (!stream) return candidates->AddToken(t);
     const GeneratedToken one[] = {t};
     std::string piece = sse->Tokens(one, t.choice);
     if (!piece.empty()) SendPiece(std::move(piece));
@@ -97,12 +92,7 @@ struct Answer {
   // for OnEnd, which sends it with the timing.
   void OnChoiceEnd(int choice, const std::string& finish_reason) {
     MutexLock l(&mu);
-    if (!stream) {
-      if (choice >= 0 && choice < static_cast<int>(choices.size())) {
-        choices[choice].finish_reason = finish_reason;
-      }
-      return;
-    }
+    if (!stream) return candidates->EndChoice(choice, finish_reason);
     if (++choices_ended < n) {
       SendPiece(sse->FinishChoice(choice, finish_reason));
     } else {
@@ -113,10 +103,7 @@ struct Answer {
   void OnEnd(const CompletionEnd& end) {
     MutexLock l(&mu);
     if (!stream) {
-      for (ChoiceOutput& c : choices) {
-        if (c.finish_reason.empty()) c.finish_reason = end.finish_reason;
-      }
-      const std::vector<ChoiceOutput> best = BestChoices(std::move(choices), n);
+      const std::vector<ChoiceOutput> best = std::move(*candidates).Best(end, n);
       exchange->Respond(
           JsonResponse(CompletionResponseBody(context, best, end, *tokenizer, &echo)));
       return;
@@ -322,7 +309,7 @@ void HttpApi::Completion(std::shared_ptr<HttpExchange> ex, ApiKind kind, int64_t
   answer->n = request.n;
   {
     MutexLock l(&answer->mu);
-    for (int i = 0; i < request.best_of; ++i) answer->choices.push_back(ChoiceOutput{i, {}, ""});
+    answer->candidates.emplace(request.best_of);
   }
   if (request.stream)
     answer->sse = std::make_unique<SseStream>(answer->context, *answer->tokenizer);

@@ -12,34 +12,6 @@ namespace {
 
 using nlohmann::json;
 
-// Brackets nested deeper than kMaxJsonDepth, outside strings. Scanned before parsing so that a
-// hostile body costs one pass over its bytes rather than a deep tree.
-bool TooDeep(std::string_view body) {
-  int depth = 0;
-  bool in_string = false;
-  bool escaped = false;
-  for (char c : body) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 // "a string", "an object", ...: for messages like "must be an integer, got a string".
 std::string Describe(const json& v) {
   switch (v.type()) {
@@ -89,8 +61,34 @@ ApiError InvalidRequest(std::string message, std::string param) {
   return e;
 }
 
+bool JsonTooDeep(std::string_view body) {
+  int depth = 0;
+  bool in_string = false;
+  bool escaped = false;
+  for (char c : body) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+      continue;
+    }
+    if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > kMaxJsonDepth) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 ApiResult<json> ParseJsonObject(std::string_view body) {
-  if (TooDeep(body)) {
+  if (JsonTooDeep(body)) {
     return InvalidRequest(absl::StrCat("the request body nests lists/objects deeper than ",
                                        kMaxJsonDepth, " levels"));
   }

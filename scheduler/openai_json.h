@@ -25,6 +25,10 @@ inline constexpr int kMaxJsonDepth = 32;
 // 400 invalid_request_error naming `param` (empty: none).
 ApiError InvalidRequest(std::string message, std::string param = "");
 
+// Brackets nested deeper than kMaxJsonDepth, outside strings. Scanned before parsing so that a
+// hostile text costs one pass over its bytes rather than a deep tree.
+bool JsonTooDeep(std::string_view text);
+
 // Parses a request body that must be a JSON object, within kMaxJsonDepth.
 ApiResult<nlohmann::json> ParseJsonObject(std::string_view body);
 

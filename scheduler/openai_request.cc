@@ -705,29 +705,148 @@ std::optional<ApiError> ParseToolFields(const json& body, std::string_view text,
   return std::nullopt;
 }
 
-ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind kind) {
-  ApiResult<json> parsed = ParseJsonObject(body);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
-  RawRequest raw;
-  API_RETURN_IF_ERROR(FillFromJson(std::get<json>(parsed), kind, &raw));
+namespace {
+
+// BuildRequest with the fields whose values are JSON documents (structured outputs, tools), read
+// from `body` and, keeping its key order, from its `text`: HTTP's whole body, or gRPC's fields as
+// the JSON they stand for. One path for both doors.
+ApiResult<CompletionRequest> BuildWithJsonFields(RawRequest raw, const json& body,
+                                                 std::string_view text) {
   std::string output_regex;
-  if (HasStructuredOutput(std::get<json>(parsed))) {
+  if (HasStructuredOutput(body)) {
     // Parsed again keeping the key order, which a schema's properties are generated in.
-    ApiResult<std::string> r = ParseStructuredOutput(nlohmann::ordered_json::parse(body));
+    ApiResult<std::string> r = ParseStructuredOutput(nlohmann::ordered_json::parse(text));
     if (auto* e = std::get_if<ApiError>(&r)) return *std::move(e);
     output_regex = std::get<std::string>(std::move(r));
   }
   ApiResult<CompletionRequest> req = BuildRequest(std::move(raw));
   if (auto* r = std::get_if<CompletionRequest>(&req)) {
     r->output_regex = std::move(output_regex);
-    API_RETURN_IF_ERROR(ParseToolFields(std::get<json>(parsed), body, r));
+    API_RETURN_IF_ERROR(ParseToolFields(body, text, r));
   }
   return req;
 }
 
-ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& p) {
+// A proto tool as OpenAI's JSON, keys in the order a client writes them (the template renders
+// them so).
+ApiResult<nlohmann::ordered_json> ToolJson(const tripod::v1::Tool& tool, int i) {
+  nlohmann::ordered_json fn;
+  fn["name"] = tool.name();
+  if (!tool.description().empty()) fn["description"] = tool.description();
+  if (!tool.parameters().empty()) {
+    const std::string param = absl::StrCat("tools[", i, "].function.parameters");
+    if (JsonTooDeep(tool.parameters())) {
+      return InvalidRequest(
+          absl::StrCat("'", param, "' nests lists/objects deeper than ", kMaxJsonDepth, " levels"),
+          param);
+    }
+    nlohmann::ordered_json params =
+        nlohmann::ordered_json::parse(tool.parameters(), nullptr, /*allow_exceptions=*/false);
+    if (params.is_discarded()) {
+      return InvalidRequest(absl::StrCat("'", param, "' is not valid JSON"), param);
+    }
+    fn["parameters"] = std::move(params);
+  }
+  if (tool.has_strict()) fn["strict"] = tool.strict();
+  return nlohmann::ordered_json{{"type", "function"}, {"function", std::move(fn)}};
+}
+
+// gRPC's fields that HTTP carries as JSON, as the HTTP body would hold them: the messages (with
+// their earlier tool calls), echo, structured outputs, tools. Only those given.
+ApiResult<nlohmann::ordered_json> JsonFieldsOf(const tripod::v1::CompletionRequest& p) {
+  using OJson = nlohmann::ordered_json;
+  OJson body = OJson::object();
+  if (p.has_messages()) {
+    OJson messages = OJson::array();
+    for (const tripod::v1::ChatMessage& m : p.messages().messages()) {
+      OJson msg = {{"role", m.role()}, {"content", m.content()}};
+      if (m.tool_calls_size() > 0) {
+        OJson calls = OJson::array();
+        for (const tripod::v1::ToolCall& c : m.tool_calls()) {
+          calls.push_back({{"id", c.id()},
+                           {"type", "function"},
+                           {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
+        }
+        msg["tool_calls"] = std::move(calls);
+      }
+      messages.push_back(std::move(msg));
+    }
+    body["messages"] = std::move(messages);
+  }
+  if (p.echo()) body["echo"] = true;
+  switch (p.structured_output_case()) {
+    case tripod::v1::CompletionRequest::kResponseFormat: {
+      const tripod::v1::ResponseFormat& rf = p.response_format();
+      OJson j = {{"type", rf.type()}};
+      if (rf.type() == "json_schema") {
+        OJson js = OJson::object();
+        if (!rf.name().empty()) js["name"] = rf.name();
+        // As JSON text, which the structured-output parser reads (and refuses) as HTTP's.
+        if (!rf.schema().empty()) js["schema"] = rf.schema();
+        if (rf.has_strict()) js["strict"] = rf.strict();
+        j["json_schema"] = std::move(js);
+      }
+      body["response_format"] = std::move(j);
+      break;
+    }
+    case tripod::v1::CompletionRequest::kGuidedJson:
+      body["guided_json"] = p.guided_json();
+      break;
+    case tripod::v1::CompletionRequest::kGuidedRegex:
+      body["guided_regex"] = p.guided_regex();
+      break;
+    case tripod::v1::CompletionRequest::kGuidedChoice: {
+      OJson choices = OJson::array();
+      for (const std::string& c : p.guided_choice().choices()) choices.push_back(c);
+      body["guided_choice"] = std::move(choices);
+      break;
+    }
+    case tripod::v1::CompletionRequest::STRUCTURED_OUTPUT_NOT_SET:
+      break;
+  }
+  if (p.tools_size() > 0) {
+    OJson tools = OJson::array();
+    for (int i = 0; i < p.tools_size(); ++i) {
+      ApiResult<OJson> t = ToolJson(p.tools(i), i);
+      if (auto* e = std::get_if<ApiError>(&t)) return *std::move(e);
+      tools.push_back(std::get<OJson>(std::move(t)));
+    }
+    body["tools"] = std::move(tools);
+  }
+  switch (p.tool_choice().choice_case()) {
+    case tripod::v1::ToolChoice::kMode:
+      body["tool_choice"] = p.tool_choice().mode();
+      break;
+    case tripod::v1::ToolChoice::kFunction:
+      body["tool_choice"] = {{"type", "function"},
+                             {"function", {{"name", p.tool_choice().function()}}}};
+      break;
+    case tripod::v1::ToolChoice::CHOICE_NOT_SET:
+      break;
+  }
+  if (p.has_parallel_tool_calls()) body["parallel_tool_calls"] = p.parallel_tool_calls();
+  return body;
+}
+
+}  // namespace
+
+ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind kind) {
+  ApiResult<json> parsed = ParseJsonObject(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *std::move(e);
+  RawRequest raw;
+  API_RETURN_IF_ERROR(FillFromJson(std::get<json>(parsed), kind, &raw));
+  return BuildWithJsonFields(std::move(raw), std::get<json>(parsed), body);
+}
+
+ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& p,
+                                                        bool stream) {
   using Proto = tripod::v1::CompletionRequest;
   RawRequest raw;
+  raw.stream = stream;
+  ApiResult<nlohmann::ordered_json> json_fields = JsonFieldsOf(p);
+  if (auto* e = std::get_if<ApiError>(&json_fields)) return *std::move(e);
+  const std::string text = DumpJson(std::get<nlohmann::ordered_json>(json_fields));
+  const json body = json::parse(text);
   raw.model_required = false;  // gRPC: empty is the served model
   raw.model = p.model();
   switch (p.input_case()) {
@@ -745,12 +864,14 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
       break;
     case Proto::kMessages:
       raw.kind = ApiKind::kChatCompletion;
-      for (const auto& m : p.messages().messages()) raw.messages.push_back({m.role(), m.content()});
+      API_RETURN_IF_ERROR(ParseChatMessagesJson(body["messages"], &raw.messages));
       raw.has_input = true;
       break;
     case Proto::INPUT_NOT_SET:
       return InvalidRequest("one of 'prompt', 'prompt_ids' or 'messages' is required", "prompt");
   }
+  // The door's rules (echo only for completions, tools only for chat), as HTTP's table has them.
+  API_RETURN_IF_ERROR(RefuseUnsupportedFields(body, raw.kind));
   if (p.has_max_tokens()) raw.max_tokens = p.max_tokens();
   if (p.has_temperature()) raw.temperature = p.temperature();
   if (p.has_top_p()) raw.top_p = p.top_p();
@@ -764,10 +885,11 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
   for (const auto& [id, bias] : p.logit_bias()) raw.logit_bias.emplace_back(id, bias);
   raw.stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   if (p.has_min_tokens()) raw.min_tokens = p.min_tokens();
-  if (p.has_n()) {
-    raw.n = p.n();
-    API_RETURN_IF_ERROR(OnlyOneChoice(raw.n));
-  }
+  if (p.has_n()) raw.n = p.n();
+  if (p.has_best_of()) raw.best_of = p.best_of();
+  raw.echo = p.echo();
+  if (p.has_prompt_logprobs()) raw.prompt_logprobs = p.prompt_logprobs();
+  raw.include_stop_str = p.include_stop_str_in_output();
   if (p.has_logprobs()) {
     raw.logprobs = true;
     raw.top_logprobs = p.logprobs();
@@ -786,7 +908,7 @@ ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::Comple
     raw.budget = std::isfinite(f) && f > 0 && f < 1 ? f : -1;
     raw.budget_text = absl::StrCat(f, " (budget_fraction)");
   }
-  return BuildRequest(std::move(raw));
+  return BuildWithJsonFields(std::move(raw), body, text);
 }
 
 }  // namespace tripod::scheduler

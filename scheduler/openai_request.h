@@ -22,7 +22,7 @@
 //   seed               an integer in [-2^63, 2^64); negative seeds wrap to uint64. Absent: the
 //                      lifecycle draws one (has_seed false)
 //   n, best_of         n 1..128, best_of n..128 (choices.h; --max_n lowers both); best_of > 1
-//                      not with stream; over gRPC n only 1
+//                      not with stream
 //   logprobs           completions: 0..20 (top tokens reported); chat: a boolean, with
 //                      top_logprobs 0..20 (which needs logprobs true)
 //   logit_bias         {"token id": bias in [-100, 100]}, at most 1024 tokens, ids in the
@@ -51,7 +51,8 @@
 //                                 without one}
 // Null counts as absent everywhere. Every other field, no-op and refusal is in the table of
 // request_fields.h: a field it does not name is refused (400 naming it), never ignored; so are
-// unknown keys of `tripod` and `stream_options`. gRPC has no echo or prompt_logprobs yet.
+// unknown keys of `tripod` and `stream_options`. gRPC takes the same fields (completion.proto)
+// but stream_options, max_completion_tokens and structured_outputs (its guided_* equivalents do).
 #pragma once
 
 #include <string_view>
@@ -74,9 +75,12 @@ inline constexpr double kMaxRepetitionPenalty = 100.0;
 // An HTTP body of /v1/completions (kCompletion) or /v1/chat/completions (kChatCompletion).
 ApiResult<CompletionRequest> ParseCompletionBody(std::string_view body, ApiKind kind);
 
-// A gRPC request. The input oneof decides the kind (messages: chat). Streaming is the RPC's
-// choice (Generate), so `stream` stays false here; the gRPC front end sets it.
-ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& proto);
+// A gRPC request. The input oneof decides the kind (messages: chat); `stream` is the RPC's
+// choice (Generate). The fields HTTP carries as JSON (messages with their earlier calls, echo,
+// structured outputs, tools) are handed to the same parsers as the JSON they stand for, so every
+// rule and error is HTTP's.
+ApiResult<CompletionRequest> CompletionRequestFromProto(const tripod::v1::CompletionRequest& proto,
+                                                        bool stream = false);
 
 // "off", "on", "" (the scheduler's default), or a ratio in [0, 1) as "a" or "a/b".
 ApiResult<PopChoice> ParsePopChoice(std::string_view text);

@@ -138,6 +138,42 @@ void FillProtoTiming(const StageTimes& t, tripod::v1::StageTiming* out) {
   }
 }
 
+void FillProtoToolCalls(std::span<const ToolCall> calls, int first_index,
+                        google::protobuf::RepeatedPtrField<tripod::v1::ToolCall>* out) {
+  for (size_t i = 0; i < calls.size(); ++i) {
+    tripod::v1::ToolCall* c = out->Add();
+    c->set_id(calls[i].id);
+    c->set_name(ToValidUtf8(calls[i].name));
+    c->set_arguments(ToValidUtf8(calls[i].arguments));
+    c->set_index(first_index + static_cast<int>(i));
+  }
+}
+
+// The prompt's tokens with their log-probabilities (the first has none), when echo + logprobs
+// or prompt_logprobs asked for them; the larger of the two alternative counts.
+void FillProtoPromptLogprobs(
+    const ResponseContext& ctx, const PromptEcho& echo, const Tokenizer& tokenizer,
+    google::protobuf::RepeatedPtrField<tripod::v1::PromptTokenLogprob>* out) {
+  if (!echo.echo_logprobs && echo.vllm_prompt_logprobs < 0) return;
+  const int top = std::max(echo.echo_logprobs ? ctx.top_logprobs : 0, echo.vllm_prompt_logprobs);
+  for (size_t i = 0; i < echo.ids.size(); ++i) {
+    tripod::v1::PromptTokenLogprob* e = out->Add();
+    e->set_token(ToValidUtf8(TokenPiece(tokenizer, echo.ids[i])));
+    e->set_id(echo.ids[i]);
+    if (i == 0 || i > echo.logprobs.size()) continue;
+    const PromptLogprob& lp = echo.logprobs[i - 1];
+    e->set_logprob(lp.logprob);
+    e->set_rank(lp.rank);
+    const size_t k = std::min(lp.top.size(), static_cast<size_t>(std::max(top, 0)));
+    for (size_t j = 0; j < k; ++j) {
+      tripod::v1::TopTokenLogprob* t = e->add_top();
+      t->set_token(ToValidUtf8(TokenPiece(tokenizer, lp.top[j].id)));
+      t->set_id(lp.top[j].id);
+      t->set_logprob(lp.top[j].logprob);
+    }
+  }
+}
+
 // OpenAI's tool_calls list; in a stream each call carries its index (first_index and on; -1:
 // none, a whole answer).
 ojson ToolCallsJson(std::span<const ToolCall> calls, int first_index) {
@@ -259,8 +295,8 @@ std::string CompletionResponseBody(const ResponseContext& ctx,
                            {"content", parsed.content ? ojson(*parsed.content) : ojson()}};
       if (!parsed.calls.empty()) {
         choice["message"]["tool_calls"] = ToolCallsJson(parsed.calls, /*first_index=*/-1);
-        if (finish == "stop") finish = "tool_calls";
       }
+      finish = FinishReasonAfterCalls(finish, !parsed.calls.empty());
       choice["logprobs"] = ctx.logprobs ? ChatLogprobs(ctx, tokens, tokenizer) : ojson();
     } else if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", JoinText(tokens)}};
@@ -302,7 +338,11 @@ std::string CompletionResponseBody(const ResponseContext& ctx,
 }
 
 SseStream::SseStream(ResponseContext ctx, const Tokenizer& tokenizer)
-    : ctx_(std::move(ctx)), tokenizer_(&tokenizer) {}
+    : ctx_(std::move(ctx)), tokenizer_(&tokenizer) {
+  if (ctx_.kind == ApiKind::kChatCompletion && ctx_.parse_tool_calls) {
+    tool_calls_.emplace(ctx_.max_tool_calls);
+  }
+}
 
 ojson SseStream::ChunkHeader() const {
   ojson c;
@@ -373,25 +413,13 @@ std::string SseStream::PromptChunk(const PromptEcho& echo, int index) {
   return SseEvent(c);
 }
 
-ToolCallStream* SseStream::ToolCalls(int index) {
-  if (ctx_.kind != ApiKind::kChatCompletion || !ctx_.parse_tool_calls) return nullptr;
-  while (tool_calls_.size() <= static_cast<size_t>(index)) {
-    tool_calls_.push_back(std::make_unique<ToolCallStream>(ctx_.max_tool_calls));
-    tool_calls_sent_.push_back(0);
-  }
-  return tool_calls_[index].get();
-}
-
-std::string SseStream::ToolCallChunk(const ToolCallStream::Output& out,
+std::string SseStream::ToolCallChunk(const ChoiceToolCallStreams::Piece& piece,
                                      std::span<const GeneratedToken> tokens, int index) {
   const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
-  if (out.content.empty() && out.calls.empty() && !(ctx_.logprobs && any_token)) return "";
+  if (piece.content.empty() && piece.calls.empty() && !(ctx_.logprobs && any_token)) return "";
   ojson delta = ojson::object();
-  if (!out.content.empty()) delta["content"] = out.content;
-  if (!out.calls.empty()) {
-    delta["tool_calls"] = ToolCallsJson(out.calls, tool_calls_sent_[index]);
-    tool_calls_sent_[index] += static_cast<int>(out.calls.size());
-  }
+  if (!piece.content.empty()) delta["content"] = piece.content;
+  if (!piece.calls.empty()) delta["tool_calls"] = ToolCallsJson(piece.calls, piece.first_index);
   ojson choice;
   choice["index"] = index;
   choice["delta"] = std::move(delta);
@@ -405,9 +433,7 @@ std::string SseStream::ToolCallChunk(const ToolCallStream::Output& out,
 
 std::string SseStream::Tokens(std::span<const GeneratedToken> tokens, int index) {
   const std::string text = JoinText(tokens);
-  if (ToolCallStream* calls = ToolCalls(index)) {
-    return ToolCallChunk(calls->Feed(text), tokens, index);
-  }
+  if (tool_calls_.has_value()) return ToolCallChunk(tool_calls_->Feed(index, text), tokens, index);
   const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
   if (text.empty() && !(ctx_.logprobs && any_token)) return "";
   int64_t& text_offset = TextOffset(index);
@@ -449,11 +475,8 @@ ojson SseStream::FinishChunk(int index, const std::string& finish_reason) const 
 }
 
 std::string SseStream::FlushToolCalls(int index, std::string* finish_reason) {
-  ToolCallStream* calls = ToolCalls(index);
-  if (calls == nullptr) return "";
-  std::string out = ToolCallChunk(calls->Finish(), {}, index);
-  if (tool_calls_sent_[index] > 0 && *finish_reason == "stop") *finish_reason = "tool_calls";
-  return out;
+  if (!tool_calls_.has_value()) return "";
+  return ToolCallChunk(tool_calls_->Finish(index, finish_reason), {}, index);
 }
 
 std::string SseStream::FinishChoice(int index, const std::string& finish_reason) {
@@ -522,17 +545,118 @@ void FillFinalChunk(const ResponseContext& ctx, const CompletionEnd& end,
 void FillCompletionResponse(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
                             const CompletionEnd& end, const Tokenizer& tokenizer,
                             tripod::v1::CompletionResponse* out) {
+  ChoiceOutput one;
+  one.tokens.assign(tokens.begin(), tokens.end());
+  one.finish_reason = end.finish_reason;
+  FillCompletionResponse(ctx, std::span<const ChoiceOutput>(&one, 1), end, tokenizer, nullptr, out);
+}
+
+void FillCompletionResponse(const ResponseContext& ctx, std::span<const ChoiceOutput> choices,
+                            const CompletionEnd& end, const Tokenizer& tokenizer,
+                            const PromptEcho* echo, tripod::v1::CompletionResponse* out) {
+  const bool chat = ctx.kind == ApiKind::kChatCompletion;
   out->set_id(ctx.id);
   out->set_model(ctx.model);
   out->set_created(ctx.created);
-  out->set_text(ToValidUtf8(JoinText(tokens)));
-  for (const GeneratedToken& t : tokens) {
-    if (HasToken(t)) out->add_token_ids(t.id);
+  for (const ChoiceOutput& c : choices) {
+    tripod::v1::Choice* choice = out->add_choices();
+    choice->set_index(c.index);
+    std::string text = JoinText(c.tokens);
+    std::string finish = c.finish_reason;
+    if (chat && ctx.parse_tool_calls) {
+      ParsedOutput parsed = ParseToolCallOutput(text, ctx.max_tool_calls);
+      text = parsed.content.value_or("");
+      FillProtoToolCalls(parsed.calls, /*first_index=*/0, choice->mutable_tool_calls());
+      finish = FinishReasonAfterCalls(finish, !parsed.calls.empty());
+    } else if (echo != nullptr && echo->echo) {
+      text = echo->text + text;  // each choice gives the prompt back, as over HTTP
+    }
+    choice->set_text(ToValidUtf8(text));
+    for (const GeneratedToken& t : c.tokens) {
+      if (HasToken(t)) choice->add_token_ids(t.id);
+    }
+    FillProtoLogprobs(ctx, c.tokens, tokenizer, choice->mutable_logprobs());
+    choice->set_finish_reason(finish);
   }
-  FillProtoLogprobs(ctx, tokens, tokenizer, out->mutable_logprobs());
-  out->set_finish_reason(end.finish_reason);
+  if (!choices.empty()) {
+    const tripod::v1::Choice& first = out->choices(0);
+    out->set_text(first.text());
+    *out->mutable_token_ids() = first.token_ids();
+    *out->mutable_logprobs() = first.logprobs();
+    out->set_finish_reason(first.finish_reason());
+  }
+  if (echo != nullptr)
+    FillProtoPromptLogprobs(ctx, *echo, tokenizer, out->mutable_prompt_logprobs());
   FillProtoUsage(end.usage, out->mutable_usage());
   FillProtoTiming(end.times, out->mutable_timing());
+}
+
+GrpcChunkStream::GrpcChunkStream(ResponseContext ctx, const Tokenizer& tokenizer)
+    : ctx_(std::move(ctx)), tokenizer_(&tokenizer) {
+  if (ctx_.kind == ApiKind::kChatCompletion && ctx_.parse_tool_calls) {
+    tool_calls_.emplace(ctx_.max_tool_calls);
+  }
+}
+
+std::vector<tripod::v1::CompletionChunk> GrpcChunkStream::Prompt(const PromptEcho& echo, int n) {
+  std::vector<tripod::v1::CompletionChunk> out;
+  if (!echo.any()) return out;
+  // Chat gives no prompt text back: its log-probabilities go once, on choice 0's chunk.
+  const int chunks = ctx_.kind == ApiKind::kChatCompletion ? 1 : n;
+  for (int i = 0; i < chunks; ++i) {
+    tripod::v1::CompletionChunk& c = out.emplace_back();
+    c.set_id(ctx_.id);
+    c.set_index(i);
+    if (echo.echo) c.set_text(ToValidUtf8(echo.text));
+    if (i == 0) FillProtoPromptLogprobs(ctx_, echo, *tokenizer_, c.mutable_prompt_logprobs());
+  }
+  return out;
+}
+
+bool GrpcChunkStream::Tokens(std::span<const GeneratedToken> tokens, int index,
+                             tripod::v1::CompletionChunk* out) {
+  out->set_index(index);
+  if (!tool_calls_.has_value()) {
+    FillCompletionChunk(ctx_, tokens, *tokenizer_, out);
+    return true;
+  }
+  const ChoiceToolCallStreams::Piece piece = tool_calls_->Feed(index, JoinText(tokens));
+  const bool any_token = std::any_of(tokens.begin(), tokens.end(), HasToken);
+  if (piece.content.empty() && piece.calls.empty() && !(ctx_.logprobs && any_token)) return false;
+  out->set_id(ctx_.id);
+  out->set_text(ToValidUtf8(piece.content));
+  FillProtoToolCalls(piece.calls, piece.first_index, out->mutable_tool_calls());
+  FillProtoLogprobs(ctx_, tokens, *tokenizer_, out->mutable_logprobs());
+  return true;
+}
+
+tripod::v1::CompletionChunk GrpcChunkStream::FinishChoice(int index,
+                                                          const std::string& finish_reason) {
+  tripod::v1::CompletionChunk c;
+  c.set_id(ctx_.id);
+  c.set_index(index);
+  std::string finish = finish_reason;
+  if (tool_calls_.has_value()) {
+    // What the choice still held goes with its end.
+    const ChoiceToolCallStreams::Piece piece = tool_calls_->Finish(index, &finish);
+    c.set_text(ToValidUtf8(piece.content));
+    FillProtoToolCalls(piece.calls, piece.first_index, c.mutable_tool_calls());
+  }
+  c.set_finish_reason(finish);
+  return c;
+}
+
+tripod::v1::CompletionChunk GrpcChunkStream::Finish(const CompletionEnd& end, int index) {
+  tripod::v1::CompletionChunk c = FinishChoice(index, end.finish_reason);
+  FillProtoUsage(end.usage, c.mutable_usage());
+  FillProtoTiming(end.times, c.mutable_timing());
+  return c;
+}
+
+void MergeChunk(const tripod::v1::CompletionChunk& next, tripod::v1::CompletionChunk* into) {
+  into->mutable_text()->append(next.text());
+  into->mutable_logprobs()->MergeFrom(next.logprobs());
+  into->mutable_tool_calls()->MergeFrom(next.tool_calls());
 }
 
 grpc::StatusCode GrpcCodeForHttpStatus(int http_status) {

@@ -113,18 +113,16 @@ class SseStream {
   int64_t& TextOffset(int index);
   std::string PromptChunk(const PromptEcho& echo, int index);
 
-  // Chat with tools: choice `index`'s tool-call reader (null without tools), the chunk of what
-  // it let through ("" when nothing), and its end (finish_reason "tool_calls" after a call).
-  ToolCallStream* ToolCalls(int index);
-  std::string ToolCallChunk(const ToolCallStream::Output& out,
+  // Chat with tools: the chunk of what choice `index`'s tool-call reader let through ("" when
+  // nothing), and its end (finish_reason "tool_calls" after a call).
+  std::string ToolCallChunk(const ChoiceToolCallStreams::Piece& piece,
                             std::span<const GeneratedToken> tokens, int index);
   std::string FlushToolCalls(int index, std::string* finish_reason);
 
   ResponseContext ctx_;
   const Tokenizer* tokenizer_;
   std::vector<int64_t> text_offsets_;  // by choice: code points of its generated text so far
-  std::vector<std::unique_ptr<ToolCallStream>> tool_calls_;  // by choice
-  std::vector<int> tool_calls_sent_;                         // by choice
+  std::optional<ChoiceToolCallStreams> tool_calls_;  // chat with tools only
 };
 
 // "data: <json>\n\n".
@@ -151,6 +149,42 @@ void FillFinalChunk(const ResponseContext& ctx, const CompletionEnd& end,
 void FillCompletionResponse(const ResponseContext& ctx, std::span<const GeneratedToken> tokens,
                             const CompletionEnd& end, const Tokenizer& tokenizer,
                             tripod::v1::CompletionResponse* out);
+// The same with several choices (choices.h's pick made), in the given order; choice 0's fill the
+// response's single-choice fields too. `echo` (may be null) as CompletionResponseBody's: each
+// completion choice's text begins with the echoed prompt, and the prompt's log-probabilities
+// go once into prompt_logprobs.
+void FillCompletionResponse(const ResponseContext& ctx, std::span<const ChoiceOutput> choices,
+                            const CompletionEnd& end, const Tokenizer& tokenizer,
+                            const PromptEcho* echo, tripod::v1::CompletionResponse* out);
+
+// One Generate call's chunks, as SseStream's events: Prompt, Tokens (any number of times),
+// FinishChoice (n > 1), Finish. Each chunk carries its choice's index; chat with tools sends
+// each call whole with its index in the choice (ChoiceToolCallStreams). Not thread-safe.
+class GrpcChunkStream {
+ public:
+  GrpcChunkStream(ResponseContext ctx, const Tokenizer& tokenizer);
+
+  // What the answer gives back of its prompt, before the first token's chunk: with echo each
+  // completion choice's prompt text, and the prompt's log-probabilities on choice 0's chunk.
+  // None when nothing is asked.
+  std::vector<tripod::v1::CompletionChunk> Prompt(const PromptEcho& echo, int n = 1);
+  // These tokens of choice `index`; false when there is nothing to send (chat with tools, text
+  // held back and no logprobs wanted).
+  bool Tokens(std::span<const GeneratedToken> tokens, int index, tripod::v1::CompletionChunk* out);
+  // A choice's end while others go on (n > 1).
+  tripod::v1::CompletionChunk FinishChoice(int index, const std::string& finish_reason);
+  // The last choice's end, with usage and timing.
+  tripod::v1::CompletionChunk Finish(const CompletionEnd& end, int index = 0);
+
+ private:
+  ResponseContext ctx_;
+  const Tokenizer* tokenizer_;
+  std::optional<ChoiceToolCallStreams> tool_calls_;  // chat with tools only
+};
+
+// Appends the next chunk of the same choice (text, logprobs, calls) to `into`, as if they had
+// come as one.
+void MergeChunk(const tripod::v1::CompletionChunk& next, tripod::v1::CompletionChunk* into);
 
 // The table of completion.proto: 400 INVALID_ARGUMENT, 401 UNAUTHENTICATED, 404 NOT_FOUND,
 // 413 OUT_OF_RANGE, 429 RESOURCE_EXHAUSTED, 503 UNAVAILABLE, 500 INTERNAL; beyond it 403

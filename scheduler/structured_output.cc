@@ -24,6 +24,12 @@ ApiError Refused(const absl::Status& s, const std::string& param) {
 ApiResult<std::string> FromSchema(const OJson& schema, const std::string& param) {
   OJson parsed = schema;
   if (schema.is_string()) {
+    // As deep as a body may nest (the text escaped that check, being a string in it).
+    if (JsonTooDeep(schema.get<std::string>())) {
+      return InvalidRequest(
+          absl::StrCat("'", param, "' nests lists/objects deeper than ", kMaxJsonDepth, " levels"),
+          std::string(param));
+    }
     parsed = OJson::parse(schema.get<std::string>(), nullptr, /*allow_exceptions=*/false);
     if (parsed.is_discarded()) {
       return InvalidRequest(absl::StrCat("'", param, "' is not valid JSON"), std::string(param));

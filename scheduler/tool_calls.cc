@@ -314,4 +314,36 @@ void ToolCallStream::Drain(Output* out, bool at_end) {
   }
 }
 
+std::string FinishReasonAfterCalls(const std::string& finish_reason, bool made_calls) {
+  return made_calls && finish_reason == "stop" ? "tool_calls" : finish_reason;
+}
+
+ChoiceToolCallStreams::Piece ChoiceToolCallStreams::Counted(int choice,
+                                                            ToolCallStream::Output out) {
+  Piece p;
+  p.content = std::move(out.content);
+  p.calls = std::move(out.calls);
+  p.first_index = sent_[choice];
+  sent_[choice] += static_cast<int>(p.calls.size());
+  return p;
+}
+
+ToolCallStream& ChoiceToolCallStreams::Of(int choice) {
+  while (streams_.size() <= static_cast<size_t>(choice)) {
+    streams_.push_back(std::make_unique<ToolCallStream>(max_calls_));
+    sent_.push_back(0);
+  }
+  return *streams_[choice];
+}
+
+ChoiceToolCallStreams::Piece ChoiceToolCallStreams::Feed(int choice, std::string_view text) {
+  return Counted(choice, Of(choice).Feed(text));
+}
+
+ChoiceToolCallStreams::Piece ChoiceToolCallStreams::Finish(int choice, std::string* finish_reason) {
+  Piece p = Counted(choice, Of(choice).Finish());
+  *finish_reason = FinishReasonAfterCalls(*finish_reason, sent_[choice] > 0);
+  return p;
+}
+
 }  // namespace tripod::scheduler

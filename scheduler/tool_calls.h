@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -74,6 +75,35 @@ class ToolCallStream {
   bool in_call_ = false;
   bool content_sent_ = false;
   int calls_sent_ = 0;
+};
+
+// A choice that stopped on its own after making calls ends "tool_calls" (OpenAI's shape); any
+// other end is kept.
+std::string FinishReasonAfterCalls(const std::string& finish_reason, bool made_calls);
+
+// The streams of a request's choices (n > 1), each its own ToolCallStream, and the index each
+// choice's next call gets (OpenAI numbers a choice's calls from 0). Shared by the SSE and gRPC
+// streams. Not thread-safe.
+class ChoiceToolCallStreams {
+ public:
+  explicit ChoiceToolCallStreams(int max_calls) : max_calls_(max_calls) {}
+
+  struct Piece {
+    std::string content;
+    std::vector<ToolCall> calls;
+    int first_index = 0;  // calls[i]'s index in its choice: first_index + i
+  };
+  Piece Feed(int choice, std::string_view text);
+  // The choice's end: what it still held, and *finish_reason as FinishReasonAfterCalls makes it.
+  Piece Finish(int choice, std::string* finish_reason);
+
+ private:
+  ToolCallStream& Of(int choice);
+  Piece Counted(int choice, ToolCallStream::Output out);
+
+  const int max_calls_;
+  std::vector<std::unique_ptr<ToolCallStream>> streams_;  // by choice
+  std::vector<int> sent_;                                 // by choice: calls passed on
 };
 
 }  // namespace tripod::scheduler

@@ -435,8 +435,9 @@ def test_grpc_complete_and_generate(cluster):
   assert "".join(c.text for c in chunks) == whole.text
   assert chunks[-1].finish_reason == whole.finish_reason and chunks[-1].usage.completion_tokens \
       == whole.usage.completion_tokens == len(whole.token_ids)
+  # n past the scheduler's --max_n (16): refused as over HTTP (test_grpc_api.py: n > 1 itself).
   with pytest.raises(grpc.RpcError) as e:
-    cluster.s.stub.Complete(cpb.CompletionRequest(prompt="x", n=3), timeout=60)
+    cluster.s.stub.Complete(cpb.CompletionRequest(prompt="x", n=17), timeout=60)
   assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
   assert json.loads(e.value.details())["error"]["param"] == "n"
 

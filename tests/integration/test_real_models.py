@@ -15,6 +15,9 @@ raw HTTP:
     and the count of the Qwen2.5 ChatML text the template renders (default system message
     included), which /detokenize gives back; completion_tokens is the number of tokens streamed
     (their logprobs entries), max_tokens when finish_reason is "length";
+  * tool calls (Qwen2.5's format): forced calls validate against their schema, whole and streamed
+    alike, a tool result goes back into the prompt, and the gRPC Completion API makes the call
+    HTTP's answer makes (the scheduler's gRPC port read from /proc);
   * errors in OpenAI's shape: 400s for bad values and types, context_length_exceeded for a prompt
     plus max_tokens past the context, 404 for another model's name, and `tools` refused with a
     400 naming it (docs/scheduler.md: refused rather than ignored), also through the client;
@@ -45,10 +48,11 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import openai
 import pytest
 
-from cluster import SOURCE_DIR, binary, wait_until
+from cluster import SOURCE_DIR, binary, cpb, cgrpc, wait_until
 
 FETCH_COMMAND = "scripts/fetch_model qwen2.5-coder-1.5b-instruct --with-draft"
 # name -> the environment variable ctest points at its file (tests/CMakeLists.txt; the same
@@ -480,6 +484,59 @@ def test_tool_results_go_back_into_the_prompt(srv):
   assert finish == c.finish_reason and content == (c.message.content or "")
   assert calls == {i: (t.function.name, t.function.arguments)
                    for i, t in enumerate(c.message.tool_calls or [])}
+
+
+def scheduler_grpc_port(srv):
+  """The gRPC port tripod serve's scheduler listens on (the kernel picks it): its listening TCP
+  socket that is not the HTTP port."""
+  for pid in children(srv.proc.pid):
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      if b"tripod-scheduler" not in f.read():
+        continue
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+      try:
+        link = os.readlink(f"/proc/{pid}/fd/{fd}")
+      except OSError:
+        continue
+      if link.startswith("socket:["):
+        inodes.add(link[len("socket:["):-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+      with open(table) as f:
+        for line in f.readlines()[1:]:
+          cols = line.split()
+          if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+            ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    ports.discard(srv.port)
+    assert len(ports) == 1, ports
+    return ports.pop()
+  raise AssertionError("tripod serve has no tripod-scheduler child")
+
+
+def test_a_forced_tool_call_over_grpc_equals_http(srv):
+  """gRPC Completion with the same tools and a named tool_choice: the call HTTP's answer makes,
+  whole and streamed (each call whole, with its index)."""
+  kw = dict(messages=ASK, tools=[WEATHER], temperature=0, max_tokens=96,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}})
+  want = srv.client.chat.completions.create(model=srv.name, **kw).choices[0].message.tool_calls
+  fn = WEATHER["function"]
+  req = cpb.CompletionRequest(
+      messages=cpb.ChatMessages(messages=[cpb.ChatMessage(**m) for m in ASK]), temperature=0,
+      max_tokens=96, tool_choice=cpb.ToolChoice(function="get_weather"),
+      tools=[cpb.Tool(name=fn["name"], description=fn["description"],
+                      parameters=json.dumps(fn["parameters"]))])
+  with grpc.insecure_channel(f"127.0.0.1:{scheduler_grpc_port(srv)}") as channel:
+    stub = cgrpc.CompletionStub(channel)
+    got = stub.Complete(req, timeout=REQUEST_TIMEOUT_S)
+    chunks = list(stub.Generate(req, timeout=REQUEST_TIMEOUT_S))
+  assert got.finish_reason == "tool_calls" and got.text == "", got
+  assert [(c.name, c.arguments) for c in got.choices[0].tool_calls] == \
+      [(c.function.name, c.function.arguments) for c in want]
+  assert got.choices[0].tool_calls[0].id.startswith("call_")
+  streamed = [(c.index, c.name, c.arguments) for ch in chunks for c in ch.tool_calls]
+  assert streamed == [(i, c.name, c.arguments) for i, c in enumerate(got.choices[0].tool_calls)]
+  assert "".join(ch.text for ch in chunks) == "" and chunks[-1].finish_reason == "tool_calls"
 
 
 # ---- errors --------------------------------------------------------------------------------------

@@ -66,15 +66,18 @@ TEST(ChoicesTest, LimitAndGrpc) {
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->param, "best_of");
 
+  // gRPC takes the same counts, and the same limit applies.
   tripod::v1::CompletionRequest p;
   p.set_prompt("hi");
   p.set_n(2);
+  p.set_best_of(9);
   auto g = CompletionRequestFromProto(p);
-  ASSERT_TRUE(std::holds_alternative<ApiError>(g));
-  EXPECT_EQ(std::get<ApiError>(g).param, "n");
-  EXPECT_THAT(std::get<ApiError>(g).message, HasSubstr("gRPC"));
-  p.set_n(1);
-  EXPECT_TRUE(std::holds_alternative<CompletionRequest>(CompletionRequestFromProto(p)));
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(g));
+  EXPECT_EQ(std::get<CompletionRequest>(g).n, 2);
+  EXPECT_EQ(std::get<CompletionRequest>(g).best_of, 9);
+  e = CheckChoiceLimit(std::get<CompletionRequest>(g), 8);
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->param, "best_of");
 }
 
 ChoiceOutput Candidate(int index, std::vector<float> logprobs, std::string finish = "length") {

@@ -3,8 +3,9 @@
 // dispatcher gives for the same prompt, and Generate's chunks add up to Complete's answer with
 // the finish, usage and timing on the last; bad requests are the right status codes with the
 // OpenAI-style JSON message (FromGrpcStatus reads it back); API keys are enforced on the
-// `authorization` metadata; a client that cancels its stream, or whose deadline passes, frees the
-// decode worker and its call is finished (the server shuts down).
+// `authorization` metadata; n > 1 choices come whole and streamed, tagged with their index; a
+// client that cancels its stream, or whose deadline passes, frees the decode worker and its call
+// is finished (the server shuts down).
 #include "scheduler/completion_service.h"
 
 #include <gtest/gtest.h>
@@ -132,7 +133,8 @@ TEST_F(CompletionServiceTest, BadRequestsAreStatusCodesWithTheJsonError) {
     std::string param;
   };
   const std::vector<Case> cases = {
-      {[](v1::CompletionRequest* r) { r->set_n(2); }, grpc::StatusCode::INVALID_ARGUMENT, "n"},
+      // Past --max_n (16), as over HTTP.
+      {[](v1::CompletionRequest* r) { r->set_n(17); }, grpc::StatusCode::INVALID_ARGUMENT, "n"},
       {[](v1::CompletionRequest* r) { r->set_temperature(-1); }, grpc::StatusCode::INVALID_ARGUMENT,
        "temperature"},
       {[](v1::CompletionRequest* r) { r->set_max_tokens(1 << 20); },
@@ -159,6 +161,54 @@ TEST_F(CompletionServiceTest, BadRequestsAreStatusCodesWithTheJsonError) {
     EXPECT_FALSE(reader->Read(&chunk));
     EXPECT_EQ(reader->Finish().error_code(), c.code);
   }
+  EXPECT_TRUE(DecodeIdle());
+}
+
+// n > 1: greedy choices equal the single answer; Generate tags each chunk with its choice and
+// ends each choice once, the last with usage (the prompt once).
+TEST_F(CompletionServiceTest, ChoicesWholeAndStreamed) {
+  StartCompletion();
+  v1::CompletionRequest one = Greedy(SomeIds(20, 3), 5);
+  v1::CompletionResponse single;
+  auto c1 = Context();
+  ASSERT_TRUE(stub_->Complete(c1.get(), one, &single).ok());
+  v1::CompletionRequest three = one;
+  three.set_n(3);
+  v1::CompletionResponse whole;
+  auto c3 = Context();
+  const grpc::Status s = stub_->Complete(c3.get(), three, &whole);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(whole.choices_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(whole.choices(i).index(), i);
+    EXPECT_EQ(whole.choices(i).text(), single.text());
+    EXPECT_EQ(std::vector<int32_t>(whole.choices(i).token_ids().begin(),
+                                   whole.choices(i).token_ids().end()),
+              std::vector<int32_t>(single.token_ids().begin(), single.token_ids().end()));
+    EXPECT_EQ(whole.choices(i).finish_reason(), "length");
+  }
+  EXPECT_EQ(whole.text(), single.text());
+  EXPECT_EQ(whole.usage().prompt_tokens(), 20);
+  EXPECT_EQ(whole.usage().completion_tokens(), 15);
+
+  auto cs = Context();
+  auto reader = stub_->Generate(cs.get(), three);
+  v1::CompletionChunk chunk;
+  std::vector<std::string> texts(3);
+  std::vector<int> ends(3, 0);
+  v1::CompletionChunk last;
+  while (reader->Read(&chunk)) {
+    ASSERT_GE(chunk.index(), 0);
+    ASSERT_LT(chunk.index(), 3);
+    EXPECT_EQ(ends[chunk.index()], 0) << "a chunk after its choice's end";
+    texts[chunk.index()] += chunk.text();
+    if (!chunk.finish_reason().empty()) ++ends[chunk.index()];
+    last = chunk;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(texts, std::vector<std::string>(3, single.text()));
+  EXPECT_EQ(ends, std::vector<int>(3, 1));
+  EXPECT_EQ(last.usage().completion_tokens(), 15);
   EXPECT_TRUE(DecodeIdle());
 }
 

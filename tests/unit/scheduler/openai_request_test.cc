@@ -700,6 +700,38 @@ TEST(OpenAiRequestTest, ProtoRefusalsMatchJson) {
       {[](tripod::v1::CompletionRequest* p) { p->mutable_tripod()->set_budget(-1); },
        {{"tripod", {{"budget", -1}}}}},
       {[](tripod::v1::CompletionRequest* p) { p->set_prompt(""); }, {{"prompt", ""}}},
+      // The fields the HTTP API carries as JSON go through the same parsers.
+      {[](tripod::v1::CompletionRequest* p) { p->set_n(200); }, {{"n", 200}}},
+      {[](tripod::v1::CompletionRequest* p) {
+         p->set_n(3);
+         p->set_best_of(2);
+       },
+       {{"n", 3}, {"best_of", 2}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_prompt_logprobs(21); },
+       {{"prompt_logprobs", 21}}},
+      {[](tripod::v1::CompletionRequest* p) {
+         p->set_echo(true);
+         p->set_logprobs(1);
+         p->mutable_tripod()->set_pop("on");
+       },
+       {{"echo", true}, {"logprobs", 1}, {"tripod", {{"pop", "on"}}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_guided_regex("(a"); },
+       {{"guided_regex", "(a"}}},
+      {[](tripod::v1::CompletionRequest* p) { p->mutable_guided_choice(); },
+       {{"guided_choice", json::array()}}},
+      {[](tripod::v1::CompletionRequest* p) { p->set_guided_json("{\"type\": \"object\""); },
+       {{"guided_json", "{\"type\": \"object\""}}},
+      {[](tripod::v1::CompletionRequest* p) {
+         p->mutable_response_format()->set_type("json_schema");
+         p->mutable_response_format()->set_schema(R"({"type": "string", "format": "email"})");
+       },
+       {{"response_format",
+         {{"type", "json_schema"},
+          {"json_schema", {{"schema", R"({"type": "string", "format": "email"})"}}}}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->mutable_response_format()->set_type("xml"); },
+       {{"response_format", {{"type", "xml"}}}}},
+      {[](tripod::v1::CompletionRequest* p) { p->add_tools()->set_name("f"); },
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}}}},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.extra.dump());
@@ -744,6 +776,183 @@ TEST(OpenAiRequestTest, ProtoRefusalsMatchJson) {
   r = CompletionRequestFromProto(no_messages);
   ASSERT_TRUE(std::holds_alternative<ApiError>(r));
   EXPECT_EQ(std::get<ApiError>(r).param, "messages");
+}
+
+// Chat over gRPC: tools, tool_choice, earlier calls and echo reach the request HTTP's parser makes
+// of the same JSON, and are refused as it refuses them.
+TEST(OpenAiRequestTest, ProtoToolsAndMessagesMapLikeJson) {
+  tripod::v1::CompletionRequest p;
+  auto* user = p.mutable_messages()->add_messages();
+  user->set_role("user");
+  user->set_content("weather?");
+  auto* assistant = p.mutable_messages()->add_messages();
+  assistant->set_role("assistant");
+  auto* call = assistant->add_tool_calls();
+  call->set_id("call_1");
+  call->set_name("get_weather");
+  call->set_arguments(R"({"city": "Oslo"})");
+  auto* tool_turn = p.mutable_messages()->add_messages();
+  tool_turn->set_role("tool");
+  tool_turn->set_tool_call_id("call_1");
+  tool_turn->set_content("-3 C");
+  auto* tool = p.add_tools();
+  tool->set_name("get_weather");
+  tool->set_description("The weather");
+  tool->set_parameters(
+      R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})");
+  p.mutable_tool_choice()->set_function("get_weather");
+  p.set_parallel_tool_calls(false);
+  auto r = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  const CompletionRequest& g = std::get<CompletionRequest>(r);
+
+  const std::string body = R"({"model": "m", "messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Oslo\"}"}}]},
+      {"role": "tool", "tool_call_id": "call_1", "content": "-3 C"}],
+    "tools": [{"type": "function", "function": {"name": "get_weather",
+      "description": "The weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}}],
+    "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    "parallel_tool_calls": false})";
+  auto h = ParseCompletionBody(body, kChat);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(h)) << std::get<ApiError>(h).message;
+  const CompletionRequest& want = std::get<CompletionRequest>(h);
+  EXPECT_EQ(g.kind, kChat);
+  EXPECT_EQ(g.tools_json, want.tools_json);
+  EXPECT_EQ(g.tool_names, want.tool_names);
+  EXPECT_EQ(g.tool_choice, ToolChoice::kNamed);
+  EXPECT_EQ(g.tool_choice_name, "get_weather");
+  EXPECT_FALSE(g.parallel_tool_calls);
+  EXPECT_FALSE(g.output_regex.empty());
+  EXPECT_EQ(g.output_regex, want.output_regex);
+  ASSERT_EQ(g.messages.size(), 3u);
+  ASSERT_EQ(g.messages[1].tool_calls.size(), 1u);
+  EXPECT_EQ(g.messages[1].tool_calls[0].name, "get_weather");
+  EXPECT_EQ(g.messages[1].tool_calls[0].arguments, want.messages[1].tool_calls[0].arguments);
+  EXPECT_EQ(g.messages[2].role, "tool");
+
+  // Refusals: the same message and param as HTTP's.
+  struct Case {
+    void (*set)(tripod::v1::CompletionRequest*);
+    json extra;
+  };
+  const std::vector<Case> cases = {
+      {[](tripod::v1::CompletionRequest* q) { q->set_echo(true); }, {{"echo", true}}},
+      {[](tripod::v1::CompletionRequest* q) { q->mutable_tool_choice()->set_mode("required"); },
+       {{"tool_choice", "required"}}},
+      {[](tripod::v1::CompletionRequest* q) { q->mutable_tool_choice()->set_mode("sometimes"); },
+       {{"tool_choice", "sometimes"}}},
+      {[](tripod::v1::CompletionRequest* q) { q->add_tools()->set_name("bad name"); },
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "bad name"}}}}}}}},
+      {[](tripod::v1::CompletionRequest* q) {
+         q->add_tools()->set_name("f");
+         q->mutable_tool_choice()->set_function("g");
+       },
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+        {"tool_choice", {{"type", "function"}, {"function", {{"name", "g"}}}}}}},
+      {[](tripod::v1::CompletionRequest* q) {
+         q->mutable_messages()->mutable_messages(0)->add_tool_calls()->set_name("f");
+       },
+       {{"messages",
+         {{{"role", "user"},
+           {"content", "hi"},
+           {"tool_calls",
+            {{{"id", ""},
+              {"type", "function"},
+              {"function", {{"name", "f"}, {"arguments", ""}}}}}}}}}}},
+      {[](tripod::v1::CompletionRequest* q) {
+         q->add_tools()->set_name("f");
+         q->mutable_tool_choice()->set_mode("required");
+         q->set_guided_regex("a+");
+       },
+       {{"tools", {{{"type", "function"}, {"function", {{"name", "f"}}}}}},
+        {"tool_choice", "required"},
+        {"guided_regex", "a+"}}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra.dump());
+    tripod::v1::CompletionRequest q;
+    auto* m = q.mutable_messages()->add_messages();
+    m->set_role("user");
+    m->set_content("hi");
+    c.set(&q);
+    auto got = CompletionRequestFromProto(q);
+    ASSERT_TRUE(std::holds_alternative<ApiError>(got));
+    const ApiError from_json = ParseErr(kChat, Body(kChat, c.extra));
+    EXPECT_EQ(std::get<ApiError>(got).param, from_json.param);
+    EXPECT_EQ(std::get<ApiError>(got).message, from_json.message);
+  }
+
+  // gRPC's own: parameters that are not JSON.
+  tripod::v1::CompletionRequest bad = p;
+  bad.mutable_tools(0)->set_parameters("{");
+  auto e = CompletionRequestFromProto(bad);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(e));
+  EXPECT_EQ(std::get<ApiError>(e).param, "tools[0].function.parameters");
+}
+
+// Echo, prompt log-probabilities, n and best_of, stop strings kept, structured outputs: the
+// request HTTP's parser makes of the same fields; best_of > 1 is refused on Generate (stream).
+TEST(OpenAiRequestTest, ProtoEchoChoicesAndStructuredOutputs) {
+  tripod::v1::CompletionRequest p;
+  p.set_prompt("hello");
+  p.set_echo(true);
+  p.set_logprobs(2);
+  p.set_max_tokens(0);
+  p.set_prompt_logprobs(3);
+  p.set_n(2);
+  p.set_best_of(4);
+  p.set_include_stop_str_in_output(true);
+  p.mutable_response_format()->set_type("json_schema");
+  p.mutable_response_format()->set_schema(
+      R"({"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}})");
+  auto r = CompletionRequestFromProto(p);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(r)) << std::get<ApiError>(r).message;
+  const CompletionRequest& g = std::get<CompletionRequest>(r);
+  // Raw text: the schema's properties keep their order, as a client wrote them.
+  auto h = ParseCompletionBody(
+      R"({"model": "m", "prompt": "hello", "echo": true, "logprobs": 2, "max_tokens": 0,
+        "prompt_logprobs": 3, "n": 2, "best_of": 4, "include_stop_str_in_output": true,
+        "response_format": {"type": "json_schema", "json_schema": {"schema":
+          {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}}}}}})",
+      kCmpl);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(h)) << std::get<ApiError>(h).message;
+  const CompletionRequest& want = std::get<CompletionRequest>(h);
+  EXPECT_TRUE(g.echo);
+  EXPECT_EQ(g.max_tokens, 0);
+  EXPECT_EQ(g.vllm_prompt_logprobs, 3);
+  EXPECT_EQ(g.prompt_logprobs, want.prompt_logprobs);
+  EXPECT_EQ(g.n, 2);
+  EXPECT_EQ(g.best_of, 4);
+  EXPECT_TRUE(g.include_stop_str);
+  EXPECT_EQ(g.output_regex, want.output_regex);  // the properties in the order written
+  EXPECT_NE(g.output_regex.find("\"b\""), std::string::npos);
+  EXPECT_LT(g.output_regex.find("\"b\""), g.output_regex.find("\"a\""));
+
+  auto streamed = CompletionRequestFromProto(p, /*stream=*/true);
+  ASSERT_TRUE(std::holds_alternative<ApiError>(streamed));
+  EXPECT_EQ(std::get<ApiError>(streamed).param, "best_of");
+  p.clear_best_of();
+  auto ok = CompletionRequestFromProto(p, /*stream=*/true);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(ok));
+  EXPECT_TRUE(std::get<CompletionRequest>(ok).stream);
+
+  tripod::v1::CompletionRequest choice;
+  choice.set_prompt("hello");
+  choice.mutable_guided_choice()->add_choices("yes");
+  choice.mutable_guided_choice()->add_choices("no");
+  auto c = CompletionRequestFromProto(choice);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(c));
+  EXPECT_EQ(std::get<CompletionRequest>(c).output_regex,
+            ParseOk(kCmpl, {{"guided_choice", {"yes", "no"}}}).output_regex);
+  tripod::v1::CompletionRequest text;
+  text.set_prompt("hello");
+  text.mutable_response_format()->set_type("text");
+  auto t = CompletionRequestFromProto(text);
+  ASSERT_TRUE(std::holds_alternative<CompletionRequest>(t));
+  EXPECT_EQ(std::get<CompletionRequest>(t).output_regex, "");
 }
 
 }  // namespace

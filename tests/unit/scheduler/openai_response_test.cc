@@ -528,6 +528,130 @@ TEST_F(OpenAiResponseTest, GrpcMessages) {
   EXPECT_EQ(quiet.logprobs_size(), 0);
 }
 
+GeneratedToken TextOnly(const std::string& text, int choice = 0) {
+  GeneratedToken t;
+  t.text = text;
+  t.choice = choice;
+  return t;
+}
+
+// gRPC's stream with tools: each call whole once its block closes, numbered within its choice,
+// the content before it as text, the rest at the end with finish_reason "tool_calls"; the whole
+// answer reads the same text alike.
+TEST_F(OpenAiResponseTest, GrpcStreamSendsToolCallsWholeWithTheirIndex) {
+  ResponseContext ctx = Context(ApiKind::kChatCompletion, false, 0, false);
+  ctx.parse_tool_calls = true;
+  ctx.max_tool_calls = 8;
+  const std::vector<std::string> pieces = {
+      "Sure.", "<tool_", "call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>",
+      "\n<tool_call>\n{\"name\": \"g\", \"arguments\": {}}"};
+  GrpcChunkStream stream(ctx, *tokenizer_);
+  std::vector<v1::CompletionChunk> sent;
+  for (const std::string& piece : pieces) {
+    const GeneratedToken t[] = {TextOnly(piece, 1)};
+    v1::CompletionChunk c;
+    if (stream.Tokens(t, 1, &c)) sent.push_back(c);
+  }
+  CompletionEnd end = End();
+  end.finish_reason = "stop";
+  const v1::CompletionChunk last = stream.Finish(end, 1);
+  ASSERT_EQ(sent.size(), 2u);  // "Sure.", then the first call; the rest was held
+  EXPECT_EQ(sent[0].text(), "Sure.");
+  EXPECT_EQ(sent[0].index(), 1);
+  EXPECT_EQ(sent[0].tool_calls_size(), 0);
+  ASSERT_EQ(sent[1].tool_calls_size(), 1);
+  EXPECT_EQ(sent[1].text(), "");
+  EXPECT_EQ(sent[1].tool_calls(0).name(), "f");
+  EXPECT_EQ(sent[1].tool_calls(0).arguments(), "{\"a\": 1}");
+  EXPECT_EQ(sent[1].tool_calls(0).index(), 0);
+  EXPECT_EQ(sent[1].tool_calls(0).id().rfind("call_", 0), 0u);
+  ASSERT_EQ(last.tool_calls_size(), 1);  // the unterminated block, parsed at the end
+  EXPECT_EQ(last.tool_calls(0).name(), "g");
+  EXPECT_EQ(last.tool_calls(0).index(), 1);
+  EXPECT_EQ(last.index(), 1);
+  EXPECT_EQ(last.finish_reason(), "tool_calls");
+  EXPECT_EQ(last.usage().prompt_tokens(), 12);
+
+  ChoiceOutput whole;
+  for (const std::string& piece : pieces) whole.tokens.push_back(TextOnly(piece));
+  whole.finish_reason = "stop";
+  v1::CompletionResponse resp;
+  FillCompletionResponse(ctx, std::span<const ChoiceOutput>(&whole, 1), end, *tokenizer_, nullptr,
+                         &resp);
+  ASSERT_EQ(resp.choices_size(), 1);
+  const v1::Choice& c = resp.choices(0);
+  EXPECT_EQ(c.text(), "Sure.");
+  ASSERT_EQ(c.tool_calls_size(), 2);
+  EXPECT_EQ(c.tool_calls(0).name(), "f");
+  EXPECT_EQ(c.tool_calls(1).name(), "g");
+  EXPECT_EQ(c.tool_calls(1).index(), 1);
+  EXPECT_EQ(c.finish_reason(), "tool_calls");
+  EXPECT_EQ(resp.text(), "Sure.");  // choice 0's in the single-choice fields
+  EXPECT_EQ(resp.finish_reason(), "tool_calls");
+
+  // "length" stays "length", calls or not (the output was cut).
+  GrpcChunkStream cut(ctx, *tokenizer_);
+  const GeneratedToken call[] = {TextOnly(pieces[2])};
+  v1::CompletionChunk ignored;
+  cut.Tokens(call, 0, &ignored);
+  EXPECT_EQ(cut.FinishChoice(0, "length").finish_reason(), "length");
+}
+
+// Echo over gRPC: every choice's text begins with the prompt's (its first chunk in a stream),
+// and the prompt's log-probabilities come once, the first token's unset.
+TEST_F(OpenAiResponseTest, GrpcEchoAndPromptLogprobs) {
+  const ResponseContext ctx = Context(ApiKind::kCompletion, true, 1, false);
+  PromptEcho echo;
+  echo.echo = true;
+  echo.echo_logprobs = true;
+  echo.text = "Yes sir";
+  echo.ids = tokenizer_->Encode("Yes sir", false);
+  ASSERT_GE(echo.ids.size(), 2u);
+  for (size_t i = 1; i < echo.ids.size(); ++i) {
+    PromptLogprob lp;
+    lp.position = static_cast<int>(i);
+    lp.id = echo.ids[i];
+    lp.logprob = -0.25f * static_cast<float>(i);
+    lp.rank = 2;
+    lp.top = {{10, -0.1f}, {11, -0.2f}};
+    echo.logprobs.push_back(lp);
+  }
+  GrpcChunkStream stream(ctx, *tokenizer_);
+  const std::vector<v1::CompletionChunk> first = stream.Prompt(echo, 2);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].index(), 0);
+  EXPECT_EQ(first[1].index(), 1);
+  EXPECT_EQ(first[0].text(), "Yes sir");
+  EXPECT_EQ(first[1].text(), "Yes sir");
+  EXPECT_EQ(first[1].prompt_logprobs_size(), 0);  // once, on choice 0's
+  ASSERT_EQ(first[0].prompt_logprobs_size(), static_cast<int>(echo.ids.size()));
+  EXPECT_FALSE(first[0].prompt_logprobs(0).has_logprob());
+  EXPECT_EQ(first[0].prompt_logprobs(0).id(), echo.ids[0]);
+  EXPECT_TRUE(first[0].prompt_logprobs(1).has_logprob());
+  EXPECT_FLOAT_EQ(first[0].prompt_logprobs(1).logprob(), -0.25f);
+  EXPECT_EQ(first[0].prompt_logprobs(1).rank(), 2);
+  ASSERT_EQ(first[0].prompt_logprobs(1).top_size(), 1);  // logprobs 1: one alternative
+  EXPECT_EQ(first[0].prompt_logprobs(1).top(0).id(), 10);
+
+  std::vector<ChoiceOutput> choices(2);
+  choices[0].tokens = TokensOf(" ok", 0);
+  choices[1].index = 1;
+  choices[1].tokens = TokensOf(" no", 0);
+  v1::CompletionResponse resp;
+  FillCompletionResponse(ctx, choices, End(), *tokenizer_, &echo, &resp);
+  ASSERT_EQ(resp.choices_size(), 2);
+  EXPECT_EQ(resp.choices(0).text(), "Yes sir ok");
+  EXPECT_EQ(resp.choices(1).text(), "Yes sir no");
+  EXPECT_EQ(resp.choices(1).index(), 1);
+  EXPECT_EQ(resp.text(), "Yes sir ok");
+  EXPECT_EQ(resp.choices(0).logprobs_size(), resp.choices(0).token_ids_size());
+  EXPECT_EQ(resp.prompt_logprobs_size(), static_cast<int>(echo.ids.size()));
+  EXPECT_EQ(resp.usage().prompt_tokens(), 12);  // the prompt once
+
+  PromptEcho none;  // nothing asked: no prompt chunk
+  EXPECT_TRUE(stream.Prompt(none, 2).empty());
+}
+
 // A SentencePiece word piece keeps its leading space in logprobs, though Decode of the piece
 // alone drops it (it would be the start of the text).
 TEST(OpenAiTokenPieceTest, SentencePieceKeepsLeadingSpace) {
