@@ -1,7 +1,7 @@
 // The structured-output patterns this scheduler has already checked and found good, so that a
 // request repeating a schema (the usual case) is not compiled again on the API thread: checking
-// builds the pattern's whole automaton, milliseconds for json_object's (and its refusals are
-// cheap to find again, so only the good ones are kept). Bounded by the patterns' bytes (a body
+// builds the pattern's whole automaton, thousands of states for json_object's (refusals are
+// not kept: a pattern refused is refused again). Bounded by the patterns' bytes (a body
 // may carry megabytes of schema): the oldest goes first. Thread-safe (the API threads share one).
 #pragma once
 
