@@ -16,7 +16,7 @@ import openai
 import pytest
 
 from cluster import (Cluster, Serve, all_blocks_free, corpus_prompt, detokenize, open_sse,
-                     reference_tokens, wait_until, MODEL)
+                     reference_tokens, stream_and_kill, wait_until, MODEL)
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 MAX_N = 8
@@ -209,29 +209,6 @@ def test_client_hangup_ends_every_choice(cluster):
   wait_until(lambda: all_blocks_free(cluster.d), 10, "the decode worker freed every choice")
 
 
-def stream_choices_and_kill(client, args, workers, after):
-  """Streams a completion of several choices; after `after` token chunks SIGKILLs whichever of
-  `workers` is running it. Returns ({index: text}, {index: finish_reason}, usage, tripod, the
-  killed worker)."""
-  stream = client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
-  texts, finishes, chunks, usage, tripod, victim = {}, {}, 0, None, None, None
-  for chunk in stream:
-    for choice in chunk.choices:
-      texts[choice.index] = texts.get(choice.index, "") + choice.text
-      if choice.finish_reason is not None:
-        assert choice.index not in finishes, f"choice {choice.index} finished twice"
-        finishes[choice.index] = choice.finish_reason
-      chunks += 1
-    if chunk.usage is not None:
-      usage = chunk.usage
-    if (chunk.model_extra or {}).get("tripod") is not None:
-      tripod = chunk.model_extra["tripod"]
-    if chunks == after and victim is None:
-      victim = next(w for w in workers if w.health().running > 0)
-      victim.kill()
-  return texts, finishes, usage, tripod, victim
-
-
 def complete_and_kill(client, args, workers):
   """A whole (not streamed) completion whose decode worker is SIGKILLed once it has run a
   moment. Returns (the response, the killed worker)."""
@@ -273,7 +250,7 @@ def test_every_choice_moves_when_its_decode_worker_dies():
     assert sorted(want_texts) == [0, 1, 2] and len(set(want_texts.values())) == 1
     assert want.usage.completion_tokens == 3 * 64
 
-    texts, finishes, usage, tripod, victim = stream_choices_and_kill(api, args, workers, after=9)
+    texts, finishes, usage, tripod, victim = stream_and_kill(api, args, workers, after=9)
     assert victim is not None
     assert texts == want_texts
     assert finishes == {0: "length", 1: "length", 2: "length"}
@@ -305,7 +282,7 @@ def test_every_choice_moves_when_its_decode_worker_dies():
     # A constrained stream: each moved choice's automaton goes on from its own tokens.
     regex_args = dict(args, extra_body={"ignore_eos": True, "guided_regex": "[a-z ]{30,}"})
     regex_want = {c.index: c.text for c in api.completions.create(**regex_args).choices}
-    texts, finishes, usage, tripod, _ = stream_choices_and_kill(api, regex_args, alive, after=9)
+    texts, finishes, usage, tripod, _ = stream_and_kill(api, regex_args, alive, after=9)
     assert texts == regex_want
     assert all(re.fullmatch("[a-z ]*", t) for t in texts.values()), texts
     assert tripod["route"] == "migrated", tripod
@@ -321,7 +298,7 @@ def test_every_choice_moves_when_its_decode_worker_dies():
     api0 = openai.OpenAI(base_url=f"{s0.url}/v1", api_key="unused", max_retries=0, timeout=120)
     t0 = time.monotonic()
     with pytest.raises(openai.APIError) as err:
-      stream_choices_and_kill(api0, dict(args, n=2, max_tokens=5000), [survivor, d], after=3)
+      stream_and_kill(api0, dict(args, n=2, max_tokens=5000), [survivor, d], after=3)
     assert time.monotonic() - t0 < 60 and "decode worker" in str(err.value), err.value
     _, metrics = s0.http_get("/metrics")
     assert 'tripod:request_migrations_total{role="scheduler"} 0' in metrics, metrics
