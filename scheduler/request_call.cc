@@ -320,13 +320,8 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
   g.set_ignore_eos(request_.ignore_eos);
   // After a migration the new worker continues each choice from what it streamed: those tokens
   // end its prompt (the constraint walked over them first), and count against max_tokens.
-  std::vector<ChoiceProgress> progress;
-  for (const ChoiceStream& c : choices_) {
-    progress.push_back(c.progress);
-    progress.back().generated = static_cast<int>(c.tokens.size());
-  }
   const std::vector<ChoiceResume> resume =
-      ChoicesToResume(progress, request_.max_tokens, request_.min_tokens);
+      ChoicesToResume(Progress(), request_.max_tokens, request_.min_tokens);
   if (!request_.output_regex.empty()) g.mutable_constraint()->set_regex(request_.output_regex);
   if (request_.n > 1 && migrations_ > 0) {
     for (const ChoiceResume& r : resume) {
@@ -408,6 +403,15 @@ void Call::OnReadDone(bool ok) {
   StartRead(&event_);
 }
 
+std::vector<ChoiceProgress> Call::Progress() const {
+  std::vector<ChoiceProgress> out;
+  for (const ChoiceStream& c : choices_) {
+    out.push_back(c.progress);
+    out.back().generated = static_cast<int>(c.tokens.size());
+  }
+  return out;
+}
+
 Call::ChoiceStream* Call::ChoiceOf(const v1::GenerateResponse& ev) {
   const int c = ev.choice();
   return c >= 0 && c < static_cast<int>(choices_.size()) ? &choices_[c] : nullptr;
@@ -466,10 +470,7 @@ void Call::OnDone(const grpc::Status& status) {
   end.prompt_tokens = static_cast<int>(prompt_.size());
   end.max_tokens = request_.max_tokens;
   end.migrations = migrations_;
-  for (const ChoiceStream& c : choices_) {
-    end.choices.push_back(c.progress);
-    end.choices.back().generated = static_cast<int>(c.tokens.size());
-  }
+  end.choices = Progress();
   NextStep next = AfterStream(end, *decode_, Workers(), dispatcher_->options(), request_id_);
   if (next.mark_failed) decode_->MarkFailed(status.error_message());
   switch (next.kind) {

@@ -138,10 +138,12 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   struct ChoiceStream {
     std::vector<int32_t> tokens;  // every token streamed
     int carried = 0;              // of them, those streamed by decode workers before this one
-    ChoiceProgress progress;      // progress.generated is set when the stream ends
+    ChoiceProgress progress;      // its generated field unused: tokens.size() (Progress)
   };
   // The event's choice, or nullptr when the worker named none of the request's.
   ChoiceStream* ChoiceOf(const v1::GenerateResponse& ev);
+  // Every choice's progress, its tokens counted.
+  std::vector<ChoiceProgress> Progress() const;
 
   // The Generate stream's results (OnReadDone, then OnDone).
   bool end_seen_ = false;
