@@ -110,6 +110,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="seconds --quiet_pct waits at most, polling every 30 s (default %(default)s)")
     p.add_argument("--fields", default="",
                    help="comma-separated fields to print, in this order (default: all)")
+    p.add_argument("--extra_body", default="",
+                   help="a JSON object whose keys are added to every request's body (e.g. "
+                        "'{\"response_format\": {\"type\": \"json_object\"}}'); with --no_strict "
+                        "for outputs that may end before --output_tokens")
     a = p.parse_args(argv)
     for name in ("num_prompts", "prompt_tokens", "output_tokens"):
         if getattr(a, name) < 1:
@@ -122,6 +126,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if "=" not in lab:
             p.error(f"--label {lab!r}: want KEY=VALUE")
     a.base_url = a.base_url.rstrip("/")
+    try:
+        a.extra_body = json.loads(a.extra_body) if a.extra_body else {}
+    except ValueError as e:
+        p.error(f"--extra_body: {e}")
+    if not isinstance(a.extra_body, dict):
+        p.error("--extra_body must be a JSON object")
     return a
 
 
@@ -273,6 +283,7 @@ async def one_request(client: httpx.AsyncClient, args, prompt: list[int]) -> Res
         # llama-server's names for the same (it honours max_tokens too; older builds n_predict).
         # Tripod refuses fields it does not implement, so it is not sent them.
         body["n_predict"] = args.output_tokens
+    body.update(getattr(args, "extra_body", None) or {})  # callers with their own args lack it
     chunks = 0
     last = 0.0
     res.sent_at = time.perf_counter()

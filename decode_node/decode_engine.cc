@@ -15,6 +15,7 @@
 #include "common/util/log.h"
 #include "common/util/status_macros.h"
 #include "common/util/thread_pool.h"
+#include "decode_node/continued_choices.h"
 #include "decode_node/stop_matcher.h"
 
 namespace tripod {
@@ -142,6 +143,7 @@ absl::StatusOr<std::shared_ptr<structured::TokenConstraint>> DecodeEngine::Compi
 }
 
 absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
+  if (!r.continued_choices.empty()) return ValidateContinuedChoices(r);
   const ModelConfig& c = model_->config;
   const int n = static_cast<int>(r.prompt.size());
   if (n == 0) return absl::InvalidArgumentError("request: the prompt is empty");
@@ -241,8 +243,60 @@ absl::Status DecodeEngine::Validate(const DecodeRequest& r) const {
   return absl::OkStatus();
 }
 
+absl::Status DecodeEngine::ValidateContinuedChoices(const DecodeRequest& r) const {
+  if (r.n != 1 || r.continuation) {
+    return absl::InvalidArgumentError(
+        "request: continued choices come with n 1 and no continuation (each is one)");
+  }
+  if (r.continued_choices.size() > static_cast<size_t>(kMaxChoices)) {
+    return absl::InvalidArgumentError(absl::StrCat("request: ", r.continued_choices.size(),
+                                                   " continued choices; at most ", kMaxChoices));
+  }
+  if (r.kv != nullptr || r.reserved_kv_seq >= 0) {
+    return absl::InvalidArgumentError(
+        "request: continued choices are prefilled here (no transferred KV)");
+  }
+  std::vector<bool> seen(kMaxChoices, false);
+  for (const ChoiceSequence& s : ContinuedChoiceSequences(r)) {
+    if (s.choice < 0 || s.choice >= kMaxChoices || seen[s.choice]) {
+      return absl::InvalidArgumentError(absl::StrCat("request: continued choice ", s.choice,
+                                                     " is outside [0, ", kMaxChoices,
+                                                     ") or given twice"));
+    }
+    seen[s.choice] = true;
+    if (s.request.max_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request: continued choice ", s.choice, " has no tokens left"));
+    }
+    RETURN_IF_ERROR(Validate(s.request));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
   RETURN_IF_ERROR(Validate(r));
+  if (r.continued_choices.empty()) return Enqueue({ChoiceSequence{0, std::move(r)}});
+  return Enqueue(ContinuedChoiceSequences(r));
+}
+
+int64_t DecodeEngine::Enqueue(std::vector<ChoiceSequence> parts) {
+  std::vector<std::unique_ptr<Sequence>> seqs;
+  for (ChoiceSequence& p : parts) {
+    seqs.push_back(NewSequence(std::move(p.request)));
+    seqs.back()->choice = p.choice;
+  }
+  MutexLock lock(&mu_);
+  const int64_t id = next_id_;
+  for (std::unique_ptr<Sequence>& seq : seqs) {
+    seq->sched.id = next_id_++;
+    seq->group = id;
+    incoming_.push_back(std::move(seq));
+  }
+  cv_.Signal();
+  return id;
+}
+
+std::unique_ptr<DecodeEngine::Sequence> DecodeEngine::NewSequence(DecodeRequest r) {
   const ModelConfig& c = model_->config;
   const int n = static_cast<int>(r.prompt.size());
   auto seq = std::make_unique<Sequence>(std::move(r), *tokenizer_, c.vocab_size);
@@ -259,13 +313,7 @@ absl::StatusOr<int64_t> DecodeEngine::Submit(DecodeRequest r) {
   seq->forks_pending = seq->req.n - 1;
   seq->sched.fork_blocks = seq->forks_pending;
   seq->submitted = Now();
-  MutexLock lock(&mu_);
-  const int64_t id = next_id_++;
-  seq->sched.id = id;
-  seq->group = id;
-  incoming_.push_back(std::move(seq));
-  cv_.Signal();
-  return id;
+  return seq;
 }
 
 void DecodeEngine::Cancel(int64_t id) {

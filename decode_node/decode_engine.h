@@ -43,6 +43,7 @@
 #include "common/structured/constraint_cache.h"
 #include "common/util/mutex.h"
 #include "decode_node/batch_scheduler.h"
+#include "decode_node/continued_choices.h"
 #include "decode_node/request.h"
 
 namespace tripod {
@@ -105,7 +106,8 @@ class DecodeEngine {
   DecodeEngine(const DecodeEngine&) = delete;
   DecodeEngine& operator=(const DecodeEngine&) = delete;
 
-  // Queues a request; its events go to request.on_event. Bad input is an error here, before
+  // Queues a request (its continued choices: a sequence each, under the id returned); its events
+  // go to request.on_event. Bad input is an error here, before
   // anything streams. Thread-safe.
   absl::StatusOr<int64_t> Submit(DecodeRequest request);
   // Submit's checks alone (INVALID_ARGUMENT saying what is wrong). Thread-safe.
@@ -170,6 +172,12 @@ class DecodeEngine {
     uint64_t plan_key = 0;  // of the plan that fills it
     std::vector<int32_t> layer_first;
   };
+  // Validate of a request with continued choices: each choice's sequence.
+  absl::Status ValidateContinuedChoices(const DecodeRequest& request) const;
+  // A sequence for a validated request (any thread; not queued yet).
+  std::unique_ptr<Sequence> NewSequence(DecodeRequest request);
+  // Queues the sequences of one request under one id (the first's), which Cancel ends them all by.
+  int64_t Enqueue(std::vector<ChoiceSequence> parts);
   // Moves submitted requests in, runs posted tasks and applies cancellations (engine thread).
   void Intake();
   // Queues a task for the loop; false (nothing queued) when no loop runs.

@@ -328,6 +328,21 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* DecodeService::Generate(
   r.min_tokens = req->min_tokens();
   r.n = std::max(1, req->n());
   call->n_choices = r.n;
+  if (req->continued_choices_size() > 0) {
+    if (req->transfer_id() != 0) {
+      call->Reject(absl::InvalidArgumentError(
+          "Generate: continued choices are prefilled here (transfer_id 0)"));
+      return reactor;
+    }
+    for (const v1::ContinuedChoice& w : req->continued_choices()) {
+      ContinuedChoice& c = r.continued_choices.emplace_back();
+      c.choice = w.choice();
+      c.tokens.assign(w.tokens().begin(), w.tokens().end());
+      c.max_tokens = w.max_tokens();
+      c.min_tokens = w.min_tokens();
+    }
+    call->n_choices = req->continued_choices_size();  // the call ends after their final events
+  }
   if (req->prompt_logprobs()) r.prompt_logprobs = req->prompt_top_logprobs();
   if (req->prompt_logprobs() && req->transfer_id() != 0) {
     call->Reject(absl::InvalidArgumentError(

@@ -66,6 +66,14 @@ inline constexpr int kMaxChoices = 256;  // DecodeRequest::n at most
 // Rows of logits held at once for a request's prompt log-probabilities (x vocabulary floats).
 inline constexpr int kPromptLogprobRows = 64;
 
+// One choice of a migrated request of several (DecodeRequest::continued_choices).
+struct ContinuedChoice {
+  int choice = 0;               // its index among the request's choices
+  std::vector<int32_t> tokens;  // its output so far, streamed by a decode worker that died
+  int max_tokens = 1;           // what is left of it
+  int min_tokens = 0;           // what is left of it
+};
+
 struct DecodeRequest {
   std::vector<int32_t> prompt;  // token ids, at least one
   SamplingParams sampling;
@@ -113,6 +121,11 @@ struct DecodeRequest {
   // Every choice streams its events (TokenEvent::choice) and ends with its own final event;
   // Cancel of the id Submit returned ends them all.
   int n = 1;
+  // A request of several choices moved here from a decode worker that died (the scheduler's
+  // migration): the choices not ended there, each run as its own sequence over the prompt plus
+  // its own tokens (continued_choices.h), under the one id Submit returns. With them n is 1,
+  // continuation false, and max_tokens, min_tokens and constraint_generated are the choices'.
+  std::vector<ContinuedChoice> continued_choices;
   // >= 0: every prompt token's log-probability (positions 1..n-1) with this many alternatives
   // (<= SamplingParams::kMaxTopLogprobs), streamed in events before the first token. The engine
   // runs the whole prompt with its full plan for them: not with imported or adopted KV nor a POP

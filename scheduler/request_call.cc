@@ -41,7 +41,8 @@ Call::Call(Dispatcher* dispatcher, PreparedRequest request, RequestCallbacks cal
       request_(std::move(request)),
       callbacks_(std::move(callbacks)),
       request_id_(request_id),
-      accepted_(absl::Now()) {}
+      accepted_(absl::Now()),
+      choices_(std::max(1, request_.n)) {}
 
 Call::~Call() {
   // The last reference to a Call often goes on a gRPC callback thread (the end of OnDone, a
@@ -307,27 +308,41 @@ void Call::StartGenerate(uint64_t transfer_id, Route route) {
         absl::StrCat("the decode worker prefilled the whole prompt (", RouteName(route), ")"));
   }
   v1::GenerateRequest& g = generate_request_;
+  g.Clear();  // a migration's request is built afresh
   g.set_request_id(request_id_);
-  // After a migration the new worker continues from what was streamed: those tokens end its
-  // prompt, and count against max_tokens.
   g.mutable_prompt()->Assign(prompt_.begin(), prompt_.end());
-  g.mutable_prompt()->Add(generated_.begin(), generated_.end());
-  g.set_continuation(!generated_.empty());
   g.set_transfer_id(transfer_id);
   FillSampling(request_.sampling, g.mutable_sampling());
-  g.set_max_tokens(request_.max_tokens - static_cast<int>(generated_.size()));
   for (const std::string& s : request_.stop) g.add_stop(s);
   g.set_include_stop_str(request_.include_stop_str);
   g.mutable_stop_token_ids()->Assign(request_.stop_token_ids.begin(),
                                      request_.stop_token_ids.end());
-  g.set_min_tokens(std::max(0, request_.min_tokens - static_cast<int>(generated_.size())));
   g.set_ignore_eos(request_.ignore_eos);
-  if (!request_.output_regex.empty()) {
-    // A migrated request's new worker walks the constraint over what was streamed first.
-    g.mutable_constraint()->set_regex(request_.output_regex);
-    g.mutable_constraint()->set_generated(static_cast<int>(generated_.size()));
+  // After a migration the new worker continues each choice from what it streamed: those tokens
+  // end its prompt (the constraint walked over them first), and count against max_tokens.
+  const std::vector<ChoiceResume> resume =
+      ChoicesToResume(Progress(), request_.max_tokens, request_.min_tokens);
+  if (!request_.output_regex.empty()) g.mutable_constraint()->set_regex(request_.output_regex);
+  if (request_.n > 1 && migrations_ > 0) {
+    for (const ChoiceResume& r : resume) {
+      v1::ContinuedChoice* w = g.add_continued_choices();
+      w->set_choice(r.choice);
+      const std::vector<int32_t>& out = choices_[r.choice].tokens;
+      w->mutable_tokens()->Assign(out.begin(), out.end());
+      w->set_max_tokens(r.max_tokens);
+      w->set_min_tokens(r.min_tokens);
+    }
+  } else {
+    const std::vector<int32_t>& out = choices_[0].tokens;  // empty before a migration
+    g.mutable_prompt()->Add(out.begin(), out.end());
+    g.set_continuation(!out.empty());
+    g.set_max_tokens(resume.empty() ? request_.max_tokens : resume[0].max_tokens);
+    g.set_min_tokens(resume.empty() ? request_.min_tokens : resume[0].min_tokens);
+    if (!request_.output_regex.empty()) {
+      g.mutable_constraint()->set_generated(static_cast<int>(out.size()));
+    }
+    if (request_.n > 1) g.set_n(request_.n);
   }
-  if (request_.n > 1) g.set_n(request_.n);
   // Until every prompt position's log-probability is in (a migrated stream's new worker computes
   // what the dead one did not send).
   const int prompt_positions = static_cast<int>(request_.prompt.size()) - 1;
@@ -366,10 +381,9 @@ void Call::OnReadDone(bool ok) {
       }
       ++tokens_;
       last_token_ = now;
-      // Only a single choice is moved to another worker, which continues from these.
-      if (request_.n == 1) generated_.push_back(ev.token());
+      if (ChoiceStream* c = ChoiceOf(ev)) c->tokens.push_back(ev.token());
     }
-    text_held_ = ev.text_held();
+    if (ChoiceStream* c = ChoiceOf(ev)) c->progress.text_held = ev.text_held();
     GeneratedToken t;
     t.choice = ev.choice();
     t.id = ev.token();
@@ -389,10 +403,27 @@ void Call::OnReadDone(bool ok) {
   StartRead(&event_);
 }
 
+std::vector<ChoiceProgress> Call::Progress() const {
+  std::vector<ChoiceProgress> out;
+  for (const ChoiceStream& c : choices_) {
+    out.push_back(c.progress);
+    out.back().generated = static_cast<int>(c.tokens.size());
+  }
+  return out;
+}
+
+Call::ChoiceStream* Call::ChoiceOf(const v1::GenerateResponse& ev) {
+  const int c = ev.choice();
+  return c >= 0 && c < static_cast<int>(choices_.size()) ? &choices_[c] : nullptr;
+}
+
 void Call::OnChoiceEnded(const v1::GenerateResponse& ev) {
   ++choices_ended_;
-  choice_tokens_ += ev.usage().completion_tokens();
   const bool finished = ev.finish() == v1::FINISH_STOP || ev.finish() == v1::FINISH_LENGTH;
+  // The worker counts the tokens it streamed; a migrated choice's earlier ones are the call's.
+  ChoiceStream* c = ChoiceOf(ev);
+  choice_tokens_ += (c != nullptr ? c->carried : 0) + ev.usage().completion_tokens();
+  if (c != nullptr) (finished ? c->progress.ended : c->progress.failed) = true;
   if (!choice_failed_) end_ = ev;  // the first failure is what the request reports
   if (!finished) choice_failed_ = true;
   if (finished && !cancelled() && callbacks_.on_choice_end) {
@@ -436,12 +467,10 @@ void Call::OnDone(const grpc::Status& status) {
   end.finish = end_.finish();
   end.error = end_.error();
   end.status = tripod::FromGrpcStatus(status);
-  end.text_held = text_held_;
   end.prompt_tokens = static_cast<int>(prompt_.size());
-  end.generated = static_cast<int>(generated_.size());
   end.max_tokens = request_.max_tokens;
   end.migrations = migrations_;
-  end.choices = request_.n;
+  end.choices = Progress();
   NextStep next = AfterStream(end, *decode_, Workers(), dispatcher_->options(), request_id_);
   if (next.mark_failed) decode_->MarkFailed(status.error_message());
   switch (next.kind) {
@@ -461,8 +490,9 @@ void Call::Migrate(std::shared_ptr<Worker> other, const grpc::Status& status) {
   ++migrations_;
   spdlog::warn(
       "scheduler: request {}: decode worker {} died mid-stream ({}); moving it to {} "
-      "after {} tokens",
-      request_id_, decode_->address(), status.error_message(), other->address(), generated_.size());
+      "after {} tokens ({} of {} choices ended)",
+      request_id_, decode_->address(), status.error_message(), other->address(), tokens_,
+      choices_ended_, choices_.size());
   if (SchedulerMetrics* m = dispatcher_->metrics()) m->Migrated();
   decode_->AddInflight(-1);
   other->AddInflight(1);
@@ -473,7 +503,7 @@ void Call::Migrate(std::shared_ptr<Worker> other, const grpc::Status& status) {
     old = std::exchange(decode_, std::move(other));
   }
   ReleaseLater(std::move(old));
-  carried_tokens_ = static_cast<int>(generated_.size());
+  for (ChoiceStream& c : choices_) c.carried = static_cast<int>(c.tokens.size());
   // The new worker prefills everything itself: the method's report stands as it was.
   trimming_.Clear();
   StartGenerate(0, Route::kMigrated);
@@ -535,7 +565,7 @@ void Call::Finish(const std::string& finish, const absl::Status* error) {
     end.usage.completion_tokens = end_seen_ ? choice_tokens_ : tokens_;
   } else {
     end.usage.completion_tokens =
-        end_seen_ ? carried_tokens_ + end_.usage().completion_tokens() : tokens_;
+        end_seen_ ? choices_[0].carried + end_.usage().completion_tokens() : tokens_;
   }
   // After a migration the last worker's cache hits were on the prompt and earlier output.
   end.usage.cached_tokens = end_seen_ && migrations_ == 0 ? end_.usage().cached_tokens() : 0;

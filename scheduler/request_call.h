@@ -9,11 +9,11 @@
 // run on the decode worker itself: the reservation is cancelled, nothing is lost. A decode
 // worker that dies mid-stream (UNAVAILABLE) hands the request to another one, up to
 // --migration_limit times: it prefills the prompt and the tokens already streamed and continues
-// (route "migrated"), unless the dead worker held text back (a possible stop string's start, an
-// incomplete character), which would be lost. Any other decode failure ends the request with
-// an error. A client that leaves cancels the request on every
-// worker holding it (the Generate call is cancelled and Decode.Cancel sent, which the engine
-// sees before its next step; a running prefill gets Prefill.Cancel and its reservation is
+// (route "migrated"; n > 1: each unfinished choice from its own tokens), unless the dead worker
+// held text back (a possible stop string's start, an incomplete character), which would be lost.
+// Any other decode failure ends the request with an error. A client that leaves cancels the request
+// on every worker holding it (the Generate call is cancelled and Decode.Cancel sent, which the
+// engine sees before its next step; a running prefill gets Prefill.Cancel and its reservation is
 // cancelled). All calls are gRPC's callback API: no thread waits for a worker. Every choice
 // along the way (which worker, which route, what to reserve, what follows a failure) is
 // route_plan.h's; this only issues the calls and follows its answers.
@@ -134,18 +134,27 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   v1::GenerateRequest generate_request_;
   v1::GenerateResponse event_;
 
+  // One choice's stream over every decode worker: a migration continues it from its tokens.
+  struct ChoiceStream {
+    std::vector<int32_t> tokens;  // every token streamed
+    int carried = 0;              // of them, those streamed by decode workers before this one
+    ChoiceProgress progress;      // its generated field unused: tokens.size() (Progress)
+  };
+  // The event's choice, or nullptr when the worker named none of the request's.
+  ChoiceStream* ChoiceOf(const v1::GenerateResponse& ev);
+  // Every choice's progress, its tokens counted.
+  std::vector<ChoiceProgress> Progress() const;
+
   // The Generate stream's results (OnReadDone, then OnDone).
   bool end_seen_ = false;
   v1::GenerateResponse end_;
   int tokens_ = 0;
-  std::vector<int32_t> generated_;  // every token streamed, over every decode worker
-  bool text_held_ = false;          // the last event's text_held
+  std::vector<ChoiceStream> choices_;  // PreparedRequest::n
   // n > 1 candidates (PreparedRequest::n): the stream's end is the last choice's final event.
   int choices_ended_ = 0;
   int choice_tokens_ = 0;       // completion tokens of the choices that ended
   bool choice_failed_ = false;  // a choice ended neither "stop" nor "length": end_ holds it
   int migrations_ = 0;
-  int carried_tokens_ = 0;        // tokens streamed by decode workers before the current one
   int prompt_logprobs_next_ = 1;  // the next prompt position whose log-probability is owed
   absl::Time started_;
   absl::Time last_token_;

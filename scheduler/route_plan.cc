@@ -191,28 +191,52 @@ NextStep AfterStream(const StreamEnd& end, const Worker& decode, const WorkerSna
   }
   next.status = WorkerFailure(absl::StrCat("decode worker ", decode.address()), end.status);
   if (!absl::IsUnavailable(end.status)) return next;
-  // The worker died mid-stream: another continues from what was streamed, unless the dead one
-  // held text back (a possible stop string's start, an incomplete character), which is lost.
+  // The worker died mid-stream: another continues each unfinished choice from what it streamed,
+  // unless the dead one held text back of one (a possible stop string's start, an incomplete
+  // character), which is lost.
   next.mark_failed = true;
   if (end.migrations >= options.migration_limit) return next;
-  if (end.text_held) {
-    next.note = absl::StrCat("decode worker ", decode.address(), " died holding text back");
-    return next;
+  int longest = 0;
+  for (size_t c = 0; c < end.choices.size(); ++c) {
+    const ChoiceProgress& p = end.choices[c];
+    if (p.ended) continue;
+    if (p.failed) {
+      next.note = absl::StrCat("choice ", c, " had failed before decode worker ", decode.address(),
+                               " died");
+      return next;
+    }
+    if (p.text_held) {
+      next.note = end.choices.size() == 1
+                      ? absl::StrCat("decode worker ", decode.address(), " died holding text back")
+                      : absl::StrCat("decode worker ", decode.address(),
+                                     " died holding text back of choice ", c);
+      return next;
+    }
+    if (end.max_tokens - p.generated < 1) return next;
+    longest = std::max(longest, p.generated);
   }
-  if (end.choices > 1) {
-    // Each choice would continue from its own output on the new worker, no longer sharing the
-    // prompt's KV: not done, the request ends with the error.
-    next.note = absl::StrCat("decode worker ", decode.address(), " died generating ", end.choices,
-                             " choices");
-    return next;
-  }
-  if (end.max_tokens - end.generated < 1) return next;
-  next.worker = PickDecode(workers.decode, end.prompt_tokens + end.generated, rotation, &decode);
+  next.worker = PickDecode(workers.decode, end.prompt_tokens + longest, rotation, &decode);
   if (next.worker == nullptr) return next;
   next.kind = NextStep::Kind::kMigrate;
   next.route = Route::kMigrated;
   next.status = absl::OkStatus();
   return next;
+}
+
+std::vector<ChoiceResume> ChoicesToResume(const std::vector<ChoiceProgress>& choices,
+                                          int max_tokens, int min_tokens) {
+  std::vector<ChoiceResume> out;
+  for (size_t c = 0; c < choices.size(); ++c) {
+    const ChoiceProgress& p = choices[c];
+    if (p.ended || p.failed) continue;
+    ChoiceResume r;
+    r.choice = static_cast<int>(c);
+    r.generated = p.generated;
+    r.max_tokens = max_tokens - p.generated;
+    r.min_tokens = std::max(0, min_tokens - p.generated);
+    out.push_back(r);
+  }
+  return out;
 }
 
 }  // namespace tripod::scheduler

@@ -9,7 +9,8 @@
 //   - the next step after each kind of failure: a failed Reserve moves to another decode worker
 //     once (the worker gone or silent) or prefills on the decode worker; a failed prefill retries
 //     once on another prefill worker, else on the decode worker; a stream cut short by a dead
-//     decode worker migrates (up to --migration_limit) unless text was held back; anything else
+//     decode worker migrates (up to --migration_limit), every unfinished choice continuing from its
+//     own tokens, unless one held text back; anything else
 //     gives up with a status that says whose fault it is.
 #pragma once
 
@@ -142,20 +143,42 @@ NextStep AfterPrefillFailed(const absl::Status& status, const Worker& prefill, i
                             const std::string& pop_ratio, const WorkerSnapshot& workers,
                             uint64_t rotation);
 
+// One choice of a request (the one of n = 1, a candidate of n > 1) as the call saw it, over
+// every decode worker that streamed it.
+struct ChoiceProgress {
+  int generated = 0;       // its tokens streamed
+  bool ended = false;      // its final event came (stop, length)
+  bool failed = false;     // its final event came, cancelled or failed
+  bool text_held = false;  // its last event's text_held
+};
+
 // How a Generate stream ended, as the call saw it.
 struct StreamEnd {
-  bool end_seen = false;  // the final event came
+  bool end_seen = false;  // the final event came (n > 1: every choice's)
   v1::FinishReason finish = v1::FINISH_NONE;
-  std::string error;    // the final event's
-  absl::Status status;  // the call's
-  bool text_held = false;
+  std::string error;      // the final event's
+  absl::Status status;    // the call's
   int prompt_tokens = 0;  // the request's prompt (after its method)
-  int generated = 0;      // tokens streamed, over every decode worker
   int max_tokens = 0;
-  int migrations = 0;  // so far
-  int choices = 1;     // candidates the stream was generating (n > 1 is never moved)
+  int migrations = 0;                   // so far
+  std::vector<ChoiceProgress> choices;  // the request's n (best_of) candidates
 };
+// A stream cut short by a dead decode worker moves when every choice not ended can: none held
+// text back and none failed. The new worker is picked for the prompt and the longest of them.
 NextStep AfterStream(const StreamEnd& end, const Worker& decode, const WorkerSnapshot& workers,
                      const DispatcherOptions& options, uint64_t rotation);
+
+// What a migrated stream's new worker continues: each choice not ended, in index order, from its
+// own tokens so far, with what is left of the request's max_tokens and min_tokens (vLLM's: per
+// choice). n = 1: the one choice (GenerateRequest.continuation); n > 1:
+// GenerateRequest.continued_choices, whose sampling keeps the rule seed + choice.
+struct ChoiceResume {
+  int choice = 0;
+  int generated = 0;  // its tokens so far: the new worker's prompt ends with them
+  int max_tokens = 0;
+  int min_tokens = 0;
+};
+std::vector<ChoiceResume> ChoicesToResume(const std::vector<ChoiceProgress>& choices,
+                                          int max_tokens, int min_tokens);
 
 }  // namespace tripod::scheduler

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/structured/byte_dfa.h"
 #include "common/structured/json_schema_regex.h"
+#include "scheduler/checked_regexes.h"
 
 namespace tripod::scheduler {
 namespace {
@@ -136,11 +137,14 @@ bool HasStructuredOutput(const nlohmann::json& body) {
 }
 
 ApiResult<std::string> CheckOutputRegex(std::string_view regex, const std::string& param) {
+  static CheckedRegexes* const checked = new CheckedRegexes(size_t{4} << 20);
+  if (checked->Contains(regex)) return std::string(regex);
   absl::StatusOr<structured::ByteDfa> dfa = structured::CompileRegex(regex);
   if (!dfa.ok()) return Refused(dfa.status(), param);
   if (dfa->start == structured::ByteDfa::kDead) {
     return InvalidRequest(absl::StrCat("'", param, "' matches no text at all"), std::string(param));
   }
+  checked->Add(regex);
   return std::string(regex);
 }
 

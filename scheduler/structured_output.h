@@ -6,8 +6,9 @@
 //
 // Each becomes the one regex the whole output must match (common/structured), checked here by
 // compiling its automaton: an invalid pattern, a schema feature outside the subset, or an
-// automaton over the bounds is a 400 naming the field (`param`) and what is wrong. The decode
-// worker compiles the same text again against its vocabulary (proto OutputConstraint).
+// automaton over the bounds is a 400 naming the field (`param`) and what is wrong; a pattern found
+// good once is not compiled again (checked_regexes.h). The decode worker compiles the same text
+// again against its vocabulary (proto OutputConstraint).
 // Refused, not ignored: guided_grammar, structured_outputs.grammar / structural_tag,
 // guided_whitespace_pattern. guided_decoding_backend is accepted and ignored (it names an
 // implementation; there is one).

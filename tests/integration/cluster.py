@@ -350,6 +350,29 @@ class Cluster:
     return self
 
 
+def stream_and_kill(client, args, workers, after):
+  """Streams a completion (any n); after `after` token chunks SIGKILLs whichever of `workers` is
+  running it. Returns ({index: text}, {index: finish_reason}, usage, the tripod object, the
+  killed worker); a choice finishing twice fails."""
+  stream = client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
+  texts, finishes, chunks, usage, tripod, victim = {}, {}, 0, None, None, None
+  for chunk in stream:
+    for choice in chunk.choices:
+      texts[choice.index] = texts.get(choice.index, "") + choice.text
+      if choice.finish_reason is not None:
+        assert choice.index not in finishes, f"choice {choice.index} finished twice"
+        finishes[choice.index] = choice.finish_reason
+      chunks += 1
+    if chunk.usage is not None:
+      usage = chunk.usage
+    if (chunk.model_extra or {}).get("tripod") is not None:
+      tripod = chunk.model_extra["tripod"]
+    if chunks == after and victim is None:
+      victim = next(w for w in workers if w.health().running > 0)
+      victim.kill()
+  return texts, finishes, usage, tripod, victim
+
+
 def openai_client(url, timeout=300):
   """The official client on a scheduler's URL (http://host:port), without retries."""
   import openai  # only the API tests need it

@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from cluster import (Cluster, all_blocks_free, corpus_prompt, cpb, openai_client,
-                     reference_tokens, wait_until, MODEL)
+                     reference_tokens, stream_and_kill, wait_until, MODEL)
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 
@@ -525,25 +525,6 @@ def test_decode_worker_killed_mid_stream():
         metrics
 
 
-def stream_and_kill(client, args, workers, after):
-  """Streams a completion; after `after` chunks SIGKILLs whichever of `workers` is running it.
-  Returns (text, usage, tripod object, the killed worker)."""
-  stream = client.completions.create(stream=True, stream_options={"include_usage": True}, **args)
-  text, chunks, usage, tripod, victim = "", 0, None, None, None
-  for chunk in stream:
-    if chunk.choices:
-      text += chunk.choices[0].text
-      chunks += 1
-    if chunk.usage is not None:
-      usage = chunk.usage
-    if (chunk.model_extra or {}).get("tripod") is not None:
-      tripod = chunk.model_extra["tripod"]
-    if chunks == after and victim is None:
-      victim = next(w for w in workers if w.health().running > 0)
-      victim.kill()
-  return text, usage, tripod, victim
-
-
 def test_a_stream_moves_to_another_decode_worker_when_its_own_dies():
   """Request migration (Dynamo's --migration-limit): the decode worker streaming an answer is
   SIGKILLed; the scheduler moves the request to the other decode worker, which prefills the
@@ -558,7 +539,8 @@ def test_a_stream_moves_to_another_decode_worker_when_its_own_dies():
     args = dict(model=MODEL_NAME, prompt=corpus_prompt(40, offset=11), max_tokens=96,
                 temperature=0, extra_body={"ignore_eos": True})
     want = client.completions.create(**args).choices[0].text
-    text, usage, tripod, victim = stream_and_kill(client, args, [d1, d2], after=8)
+    texts, _, usage, tripod, victim = stream_and_kill(client, args, [d1, d2], after=8)
+    text = texts[0]
     assert victim is not None
     assert text == want
     assert usage.completion_tokens == 96 and usage.prompt_tokens > 30

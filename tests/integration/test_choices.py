@@ -8,13 +8,15 @@ and the choices decode on one decode worker from its shared KV. Exactness: with 
 
 import json
 import os
+import re
+import threading
 import time
 
 import openai
 import pytest
 
 from cluster import (Cluster, Serve, all_blocks_free, corpus_prompt, detokenize, open_sse,
-                     reference_tokens, wait_until, MODEL)
+                     reference_tokens, stream_and_kill, wait_until, MODEL)
 
 MODEL_NAME = os.path.basename(MODEL)[:-len(".gguf")]
 MAX_N = 8
@@ -207,26 +209,98 @@ def test_client_hangup_ends_every_choice(cluster):
   wait_until(lambda: all_blocks_free(cluster.d), 10, "the decode worker freed every choice")
 
 
-def test_decode_worker_death_fails_choices_cleanly():
-  """The decode worker dies while it streams n = 2: not migrated (the other decode worker is
-  not asked), the stream ends with an error the client raises (test_api: n = 1 migrates)."""
+def complete_and_kill(client, args, workers):
+  """A whole (not streamed) completion whose decode worker is SIGKILLed once it has run a
+  moment. Returns (the response, the killed worker)."""
+  result = {}
+
+  def run():
+    result["r"] = client.completions.create(**args)
+
+  t = threading.Thread(target=run)
+  t.start()
+  try:
+    victim = wait_until(lambda: next((w for w in workers if w.health().running > 0), None), 60,
+                        "a decode worker running the request")
+    time.sleep(0.3)
+    victim.kill()
+  finally:
+    t.join(timeout=300)
+  return result["r"], victim
+
+
+def test_every_choice_moves_when_its_decode_worker_dies():
+  """The decode worker dies while it generates n = 3 greedy choices: every unfinished choice
+  continues on the other decode worker from its own tokens (docs/scheduler.md, "Several
+  choices"). On fp32 (batch-invariant) workers each choice is exactly the uninterrupted run's,
+  streamed with its index and finished once; usage counts the prompt once and every token; the
+  move is counted. The same for a whole answer, for best_of (the best of the moved candidates)
+  and for a constrained stream (each choice's automaton state walked over its own tokens). With
+  --migration_limit 0 the same death ends the request with an error."""
   with Cluster() as c:
-    d1 = c.decode(name="d1", kv_budget_mb=64)
-    d2 = c.decode(name="d2", kv_budget_mb=64)
-    s = c.scheduler(decode=[d1, d2], direct_prefill_tokens=8, name="two_decode")
+    workers = [c.decode(name=f"decode-{k}", precision="fp32", kv_budget_mb=64, threads=1)
+               for k in range(5)]
+    s = c.scheduler(decode=workers, direct_prefill_tokens=4096, name="migrating_choices")
     api = openai.OpenAI(base_url=f"{s.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    prompt = corpus_prompt(40, offset=3)
+    args = dict(model=MODEL_NAME, prompt=prompt, n=3, max_tokens=64, temperature=0,
+                extra_body={"ignore_eos": True})
+    want = api.completions.create(**args)
+    want_texts = {c.index: c.text for c in want.choices}
+    assert sorted(want_texts) == [0, 1, 2] and len(set(want_texts.values())) == 1
+    assert want.usage.completion_tokens == 3 * 64
+
+    texts, finishes, usage, tripod, victim = stream_and_kill(api, args, workers, after=9)
+    assert victim is not None
+    assert texts == want_texts
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert usage.prompt_tokens == want.usage.prompt_tokens
+    assert usage.completion_tokens == 3 * 64
+    assert tripod["route"] == "migrated", tripod
+    _, metrics = s.http_get("/metrics")
+    assert 'tripod:request_migrations_total{role="scheduler"} 1' in metrics, metrics
+    alive = [w for w in workers if w is not victim]
+
+    # A whole answer, then best_of: the moved candidates compete as the uninterrupted ones do.
+    r, victim2 = complete_and_kill(api, args, alive)
+    assert {c.index: c.text for c in r.choices} == want_texts
+    assert [c.finish_reason for c in r.choices] == ["length"] * 3
+    assert r.usage.completion_tokens == 3 * 64
+    assert r.model_extra["tripod"]["route"] == "migrated"
+    alive = [w for w in alive if w is not victim2]
+    best_args = dict(args, n=1, best_of=3, logprobs=1)
+    best_want = api.completions.create(**best_args)
+    r, victim3 = complete_and_kill(api, best_args, alive)
+    assert [c.text for c in r.choices] == [best_want.choices[0].text] == [want_texts[0]]
+    assert r.choices[0].logprobs.tokens == best_want.choices[0].logprobs.tokens
+    assert r.usage.completion_tokens == 3 * 64  # every candidate's tokens
+    assert r.model_extra["tripod"]["route"] == "migrated"
+    _, metrics = s.http_get("/metrics")
+    assert 'tripod:request_migrations_total{role="scheduler"} 3' in metrics, metrics
+    alive = [w for w in alive if w is not victim3]
+
+    # A constrained stream: each moved choice's automaton goes on from its own tokens.
+    regex_args = dict(args, extra_body={"ignore_eos": True, "guided_regex": "[a-z ]{30,}"})
+    regex_want = {c.index: c.text for c in api.completions.create(**regex_args).choices}
+    texts, finishes, usage, tripod, _ = stream_and_kill(api, regex_args, alive, after=9)
+    assert texts == regex_want
+    assert all(re.fullmatch("[a-z ]*", t) for t in texts.values()), texts
+    assert tripod["route"] == "migrated", tripod
+    _, metrics = s.http_get("/metrics")
+    assert 'tripod:request_migrations_total{role="scheduler"} 4' in metrics, metrics
+    survivor = next(w for w in alive if w.proc.poll() is None)
+    wait_until(lambda: all_blocks_free(survivor), 30, "the survivor's blocks free")
+
+    # Without migration the same death ends the stream with an error the client raises.
+    d = c.decode(name="decode-last", kv_budget_mb=64)
+    s0 = c.scheduler(decode=[survivor, d], direct_prefill_tokens=8, migration_limit=0,
+                     name="not_migrating")
+    api0 = openai.OpenAI(base_url=f"{s0.url}/v1", api_key="unused", max_retries=0, timeout=120)
     t0 = time.monotonic()
     with pytest.raises(openai.APIError) as err:
-      for i, _ in enumerate(api.completions.create(
-          model=MODEL_NAME, prompt=corpus_prompt(40, offset=3), n=2, max_tokens=5000,
-          temperature=0, stream=True, extra_body={"ignore_eos": True})):
-        if i == 3:
-          victim = next(w for w in (d1, d2) if w.health().running > 0)
-          victim.kill()
+      stream_and_kill(api0, dict(args, n=2, max_tokens=5000), [survivor, d], after=3)
     assert time.monotonic() - t0 < 60 and "decode worker" in str(err.value), err.value
-    survivor = d2 if victim is d1 else d1
-    assert survivor.health().running == 0
-    _, metrics = s.http_get("/metrics")
+    _, metrics = s0.http_get("/metrics")
     assert 'tripod:request_migrations_total{role="scheduler"} 0' in metrics, metrics
 
 

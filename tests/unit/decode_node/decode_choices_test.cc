@@ -1,7 +1,8 @@
 // The decode engine's choices (DecodeRequest::n > 1) on the bundled model, fp32: the prompt runs
 // once and its KV is forked (full blocks shared, the last partly filled one copied); greedy
 // choices equal the single run, seeded ones equal single runs seeded seed + choice; each choice
-// finishes on its own; a cancel ends them all; every block comes back.
+// finishes on its own; a cancel ends them all; every block comes back; a migrated request's
+// choices continue each from its own tokens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -245,6 +246,88 @@ TEST_F(DecodeChoicesTest, BackgroundLoopCancelsEveryChoiceFromAnotherThread) {
   MutexLock lock(&mu);
   EXPECT_EQ(finals, 3);
   for (int c = 0; c < 3; ++c) EXPECT_EQ(out.finish[c], FinishReason::kCancelled);
+  ExpectAllFree(*e);
+}
+
+// A migrated request's choices (DecodeRequest::continued_choices): each its own sequence over the
+// prompt plus its tokens, under one id. Greedy in fp32 each goes on exactly as the uninterrupted
+// choice did, for what is left of its max_tokens; a sampled one keeps its seed + choice.
+TEST_F(DecodeChoicesTest, ContinuedChoicesGoOnFromTheirOwnTokens) {
+  auto e = NewEngine();
+  ASSERT_NE(e, nullptr);
+  const std::vector<int32_t> prompt = RandomPrompt(19, 3);
+  Choices whole;
+  ASSERT_TRUE(e->Submit(Request(prompt, 3, 12, &whole)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  ASSERT_EQ(whole.tokens[2].size(), 12u);
+  auto first = [&](int c, int k) {
+    return std::vector<int32_t>(whole.tokens[c].begin(), whole.tokens[c].begin() + k);
+  };
+  auto rest = [&](int c, int k) {
+    return std::vector<int32_t>(whole.tokens[c].begin() + k, whole.tokens[c].end());
+  };
+  // Choice 0 ended on the dead worker; 1 streamed 5 tokens, 2 streamed 9.
+  Choices moved;
+  DecodeRequest r = Request(prompt, 1, 0, &moved);
+  r.continued_choices = {{1, first(1, 5), 7, 0}, {2, first(2, 9), 3, 0}};
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(moved.tokens.count(0), 0u);
+  EXPECT_EQ(moved.tokens[1], rest(1, 5));
+  EXPECT_EQ(moved.tokens[2], rest(2, 9));
+  for (int c : {1, 2}) {
+    EXPECT_EQ(moved.finals[c], 1) << c;
+    EXPECT_EQ(moved.finish[c], FinishReason::kLength) << c;
+  }
+
+  // Sampled: a choice moved before its first token draws what it would have drawn.
+  Choices sampled, again;
+  r = Request(prompt, 3, 8, &sampled);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 77;
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  r = Request(prompt, 1, 0, &again);
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 77;
+  r.continued_choices = {{2, {}, 8, 0}};
+  ASSERT_TRUE(e->Submit(std::move(r)).ok());
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(again.tokens[2], sampled.tokens[2]);
+
+  // The id Submit returned cancels every one of them.
+  Choices cancelled;
+  r = Request(prompt, 1, 0, &cancelled);
+  r.continued_choices = {{0, first(0, 2), 10, 0}, {1, first(1, 3), 9, 0}};
+  absl::StatusOr<int64_t> id = e->Submit(std::move(r));
+  ASSERT_TRUE(id.ok());
+  e->Cancel(*id);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  for (int c : {0, 1}) {
+    EXPECT_EQ(cancelled.finals[c], 1) << c;
+    EXPECT_EQ(cancelled.finish[c], FinishReason::kCancelled) << c;
+  }
+  ExpectAllFree(*e);
+}
+
+TEST_F(DecodeChoicesTest, RejectsBadContinuedChoices) {
+  auto e = NewEngine();
+  ASSERT_NE(e, nullptr);
+  Choices out;
+  auto with = [&](std::vector<ContinuedChoice> cs, int n = 1) {
+    DecodeRequest r = Request(RandomPrompt(5, 1), n, 0, &out);
+    r.continued_choices = std::move(cs);
+    return e->Submit(std::move(r)).status().code();
+  };
+  const absl::StatusCode bad = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(with({{0, {}, 4, 0}, {1, {3}, 4, 0}}), absl::StatusCode::kOk);
+  ASSERT_TRUE(e->RunUntilIdle().ok());
+  EXPECT_EQ(with({{0, {}, 4, 0}}, 2), bad);               // n is the choices'
+  EXPECT_EQ(with({{1, {}, 4, 0}, {1, {3}, 4, 0}}), bad);  // twice
+  EXPECT_EQ(with({{kMaxChoices, {}, 4, 0}}), bad);        // no such choice
+  EXPECT_EQ(with({{0, {3}, 0, 0}}), bad);                 // nothing left to generate
+  EXPECT_EQ(with({{0, {3}, 2, 3}}), bad);                 // min_tokens past max_tokens
+  EXPECT_EQ(with({{0, {1 << 30}, 2, 0}}), bad);           // outside the vocabulary
   ExpectAllFree(*e);
 }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -615,6 +616,42 @@ TEST_F(DecodeServiceTest, WaitingStreamsHoldNoThreads) {
   bool ok = false;
   while (cq.Next(&tag, &ok)) {
   }
+}
+
+// A migrated request of several choices over the wire: each continued choice streams under its
+// own index, ends with its own final event (usage: its tokens here), and the call ends after the
+// last; greedy, each goes on as the uninterrupted choice did. Not with a transfer.
+TEST_F(DecodeServiceTest, ContinuedChoicesStreamUnderTheirIndices) {
+  Worker w;
+  const std::vector<int32_t> prompt = RandomPrompt(12, 9);
+  const Result whole = Generate(w, Greedy(prompt, 10));
+  ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+  ASSERT_EQ(whole.tokens.size(), 10u);
+  v1::GenerateRequest r = Greedy(prompt, 0);
+  for (const auto& [choice, k] : {std::pair{1, 4}, std::pair{3, 7}}) {
+    v1::ContinuedChoice* c = r.add_continued_choices();
+    c->set_choice(choice);
+    c->mutable_tokens()->Assign(whole.tokens.begin(), whole.tokens.begin() + k);
+    c->set_max_tokens(10 - k);
+  }
+  const Result moved = Generate(w, r);
+  ASSERT_TRUE(moved.status.ok()) << moved.status.error_message();
+  std::map<int, std::vector<int32_t>> tokens;
+  std::map<int, int> finals;
+  for (const v1::GenerateResponse& ev : moved.events) {
+    if (ev.token() >= 0) tokens[ev.choice()].push_back(ev.token());
+    if (ev.finish() != v1::FINISH_NONE) {
+      ++finals[ev.choice()];
+      EXPECT_EQ(ev.finish(), v1::FINISH_LENGTH);
+      EXPECT_EQ(ev.usage().completion_tokens(), static_cast<int>(tokens[ev.choice()].size()));
+    }
+  }
+  EXPECT_EQ(tokens[1], std::vector<int32_t>(whole.tokens.begin() + 4, whole.tokens.end()));
+  EXPECT_EQ(tokens[3], std::vector<int32_t>(whole.tokens.begin() + 7, whole.tokens.end()));
+  EXPECT_EQ(finals, (std::map<int, int>{{1, 1}, {3, 1}}));
+  r.set_transfer_id(12345);
+  EXPECT_EQ(Generate(w, r).status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(w.AwaitAllFree());
 }
 
 TEST_F(DecodeServiceTest, ValidationDrainingAndProtocol) {

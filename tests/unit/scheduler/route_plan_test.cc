@@ -496,8 +496,13 @@ TEST(RoutePlanTest, AfterStream) {
   const absl::Status gone = absl::UnavailableError("socket closed");
   StreamEnd base;
   base.prompt_tokens = 100;
-  base.generated = 20;
+  base.choices = {ChoiceProgress{20}};
   base.max_tokens = 64;
+  // n = 3: choice 0 ended, 1 and 2 still going; 2 the longest, whose 30 tokens do not fit
+  // d:small beside the prompt (choice 1's 5 would).
+  auto three = [](StreamEnd& e) {
+    e.choices = {ChoiceProgress{12, true}, ChoiceProgress{5}, ChoiceProgress{30}};
+  };
   auto with = [&](auto change) {
     StreamEnd e = base;
     change(e);
@@ -606,7 +611,7 @@ TEST(RoutePlanTest, AfterStream) {
        "",
        true},
       {"died holding text back",
-       with([&](StreamEnd& e) { e.status = gone, e.text_held = true; }),
+       with([&](StreamEnd& e) { e.status = gone, e.choices[0].text_held = true; }),
        1,
        {dead, roomy},
        NextStep::Kind::kGiveUp,
@@ -615,8 +620,18 @@ TEST(RoutePlanTest, AfterStream) {
        "worker_unavailable",
        "",
        true},
-      {"died generating several choices: not moved",
-       with([&](StreamEnd& e) { e.status = gone, e.choices = 3; }),
+      {"died generating several choices: each unfinished one moves",
+       with([&](StreamEnd& e) { e.status = gone, three(e); }),
+       1,
+       {dead, small, roomy},
+       NextStep::Kind::kMigrate,
+       "",
+       absl::StatusCode::kOk,
+       "",
+       "d:roomy",
+       true},
+      {"several choices, one holding text back: not moved",
+       with([&](StreamEnd& e) { e.status = gone, three(e), e.choices[2].text_held = true; }),
        1,
        {dead, roomy},
        NextStep::Kind::kGiveUp,
@@ -624,9 +639,59 @@ TEST(RoutePlanTest, AfterStream) {
        absl::StatusCode::kUnavailable,
        "worker_unavailable",
        "",
+       true},
+      {"several choices, an ended one's held text does not count",
+       with([&](StreamEnd& e) { e.status = gone, three(e), e.choices[0].text_held = true; }),
+       1,
+       {dead, roomy},
+       NextStep::Kind::kMigrate,
+       "",
+       absl::StatusCode::kOk,
+       "",
+       "d:roomy",
+       true},
+      {"several choices, one had failed: not moved",
+       with([&](StreamEnd& e) { e.status = gone, three(e), e.choices[1].failed = true; }),
+       1,
+       {dead, roomy},
+       NextStep::Kind::kGiveUp,
+       "",
+       absl::StatusCode::kUnavailable,
+       "worker_unavailable",
+       "",
+       true},
+      {"several choices, the longest fits the less loaded worker",
+       with([&](StreamEnd& e) { e.status = gone, three(e), e.choices[2].generated = 10; }),
+       1,
+       {dead, small, roomy},
+       NextStep::Kind::kMigrate,
+       "",
+       absl::StatusCode::kOk,
+       "",
+       "d:small",
+       true},
+      {"several choices, past the migration limit",
+       with([&](StreamEnd& e) { e.status = gone, three(e), e.migrations = 1; }),
+       1,
+       {dead, roomy},
+       NextStep::Kind::kGiveUp,
+       "",
+       absl::StatusCode::kUnavailable,
+       "worker_unavailable",
+       "",
+       true},
+      {"several choices, a second move within the limit",
+       with([&](StreamEnd& e) { e.status = gone, three(e), e.migrations = 1; }),
+       2,
+       {dead, roomy},
+       NextStep::Kind::kMigrate,
+       "",
+       absl::StatusCode::kOk,
+       "",
+       "d:roomy",
        true},
       {"died with no tokens left",
-       with([&](StreamEnd& e) { e.status = gone, e.generated = 64; }),
+       with([&](StreamEnd& e) { e.status = gone, e.choices[0].generated = 64; }),
        1,
        {dead, roomy},
        NextStep::Kind::kGiveUp,
@@ -661,12 +726,42 @@ TEST(RoutePlanTest, AfterStream) {
     }
   }
   const NextStep held =
-      AfterStream(with([&](StreamEnd& e) { e.status = gone, e.text_held = true; }), *dead,
-                  {{dead, roomy}, {}, {}}, DispatcherOptions{}, 0);
+      AfterStream(with([&](StreamEnd& e) { e.status = gone, e.choices[0].text_held = true; }),
+                  *dead, {{dead, roomy}, {}, {}}, DispatcherOptions{}, 0);
   EXPECT_NE(held.note.find("holding text back"), std::string::npos) << held.note;
-  const NextStep choices = AfterStream(with([&](StreamEnd& e) { e.status = gone, e.choices = 2; }),
-                                       *dead, {{dead, roomy}, {}, {}}, DispatcherOptions{}, 0);
-  EXPECT_NE(choices.note.find("2 choices"), std::string::npos) << choices.note;
+  const NextStep choice = AfterStream(
+      with([&](StreamEnd& e) { e.status = gone, three(e), e.choices[2].text_held = true; }), *dead,
+      {{dead, roomy}, {}, {}}, DispatcherOptions{}, 0);
+  EXPECT_NE(choice.note.find("text back of choice 2"), std::string::npos) << choice.note;
+}
+
+TEST(RoutePlanTest, ChoicesToResume) {
+  const ChoiceProgress going{5}, ended{7, true}, failed{3, false, true}, fresh{0};
+  const struct {
+    std::string name;
+    std::vector<ChoiceProgress> choices;
+    int max_tokens, min_tokens;
+    std::vector<std::vector<int>> want;  // {choice, generated, max_tokens, min_tokens}
+  } cases[] = {
+      {"one choice", {going}, 16, 0, {{0, 5, 11, 0}}},
+      {"one choice before its first token", {fresh}, 16, 4, {{0, 0, 16, 4}}},
+      {"min_tokens partly out", {going}, 16, 8, {{0, 5, 11, 3}}},
+      {"min_tokens all out", {going}, 16, 2, {{0, 5, 11, 0}}},
+      {"ended choices stay ended",
+       {ended, going, ended, fresh},
+       10,
+       0,
+       {{1, 5, 5, 0}, {3, 0, 10, 0}}},
+      {"a failed choice is not resumed", {failed, going}, 10, 6, {{1, 5, 5, 1}}},
+      {"every choice ended", {ended, ended}, 10, 0, {}},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::vector<int>> got;
+    for (const ChoiceResume& r : ChoicesToResume(c.choices, c.max_tokens, c.min_tokens)) {
+      got.push_back({r.choice, r.generated, r.max_tokens, r.min_tokens});
+    }
+    EXPECT_EQ(got, c.want) << c.name;
+  }
 }
 
 // What the front ends make of the core's statuses.
