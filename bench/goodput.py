@@ -20,6 +20,7 @@ Configurations (name: `tripod serve --pop`, the requests' `tripod` object):
   speckv1/4   0     SpecKV at a quarter of the prompt's KV (draft workers on)
   specpc1/4   0     SpecPC at a quarter of the prompt (draft workers on)
   speckv1/4+pop1/3, specpc1/4+pop1/3: the method over a POP 1/3 prefill.
+  pop<ratio>  any other POP ratio by name, e.g. pop0.1 or pop3/28.
 """
 
 import argparse
@@ -50,6 +51,16 @@ CONFIGS = {
     "speckv1/4+pop1/3": ("1/3", {"pop": "1/3", **_method("speckv", 0.25)}, True),
     "specpc1/4+pop1/3": ("1/3", {"pop": "1/3", **_method("specpc", 0.25)}, True),
 }
+
+
+def config_spec(name):
+  """(serve --pop, the requests' tripod object, draft workers on) of a configuration's name."""
+  if name in CONFIGS:
+    return CONFIGS[name]
+  serve_pop, request_pop, variant = he.config_spec(name)  # ValueError for an unknown name
+  if variant is not None:
+    raise ValueError(f"{name}: POP's controls are eval/humaneval.py's, not goodput configurations")
+  return serve_pop, {"pop": request_pop}, False
 
 
 def percentile(values, q):
@@ -113,7 +124,7 @@ def one_request(client, model, req, options, timeout_s):
 
 def run_config(args, name, reqs):
   import openai
-  serve_pop, options, draft = CONFIGS[name]
+  serve_pop, options, draft = config_spec(name)
   extra = list(args.serve_arg) + ([f"--draft_workers={args.draft_workers}"] if draft else [])
   results = [None] * len(reqs)
   errors = []
@@ -134,6 +145,11 @@ def run_config(args, name, reqs):
         except Exception as e:  # noqa: BLE001 (reported, and the run fails below)
           errors.append(f"{reqs[i]['id']}: {e!r}")
 
+    def kv_bytes():
+      return {k: he.counter_total(serve.scheduler_metrics, f"tripod:kv_transfer_bytes_{k}total")
+              for k in ("", "saved_")}
+
+    kv_before = kv_bytes()
     start = time.monotonic()
     threads = [threading.Thread(target=worker) for _ in range(args.concurrency)]
     for t in threads:
@@ -141,6 +157,11 @@ def run_config(args, name, reqs):
     for t in threads:
       t.join()
     wall = time.monotonic() - start
+    kv_after = kv_bytes()
+  # The KV payload prefill workers sent for these requests, and what trimming kept from being sent
+  # (SpecKV sends budget / prompt of the full bytes).
+  kv_sent = kv_after[""] - kv_before[""]
+  kv_saved = kv_after["saved_"] - kv_before["saved_"]
   if errors:
     raise RuntimeError(f"goodput: {name}: {len(errors)} request(s) failed, first: {errors[0]}")
 
@@ -174,6 +195,8 @@ def run_config(args, name, reqs):
       "humaneval_pass": r(kind_means.get("humaneval")),
       "longctx_score": r(kind_means.get("longctx")),
       "score": r(sum(kind_means.values()) / len(kind_means)),
+      "kv_transfer_bytes": int(kv_sent), "kv_transfer_bytes_saved": int(kv_saved),
+      "kv_transfer_share": r(kv_sent / (kv_sent + kv_saved)) if kv_sent + kv_saved else None,
   }
 
 
@@ -220,7 +243,12 @@ def main(argv=None):
   ap.add_argument("--plot", help="score against TTFT p50 into this image (.png)")
   args = ap.parse_args(argv)
   configs = [c for c in args.configs.split(",") if c]
-  unknown = [c for c in configs if c not in CONFIGS]
+  unknown = []
+  for c in configs:
+    try:
+      config_spec(c)
+    except ValueError:
+      unknown.append(c)
   if unknown or not configs:
     ap.error(f"--configs: unknown {unknown}" if unknown else "--configs is empty")
   if args.concurrency < 1 or args.humaneval < 0:

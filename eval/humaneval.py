@@ -59,6 +59,33 @@ CONFIGS = {
     "nokv1/3": ("1/3", "1/3", "nokv"),
     "shortgpt1/3": ("1/3", "1/3", "shortgpt"),
 }
+# Any other ratio by name: pop0.1, pop3/28, nokv0.25 (a ratio in (0, 1), as tripod serve --pop).
+CONFIG_PATTERN = re.compile(r"(pop|noboundary|nokv|shortgpt)((?:0?\.\d+)|(?:\d+/\d+))")
+
+
+def config_spec(name):
+  """(serve --pop, request tripod.pop, tripod.pop_variant) of a configuration's name."""
+  if name in CONFIGS:
+    return CONFIGS[name]
+  m = CONFIG_PATTERN.fullmatch(name)
+  if m:
+    kind, ratio = m.groups()
+    num, _, den = ratio.partition("/")
+    value = float(num) / float(den) if den else float(num)
+    if 0 < value < 1:
+      return ratio, ratio, None if kind == "pop" else kind
+  raise ValueError(f"unknown configuration {name!r}: one of {', '.join(CONFIGS)}, or pop<ratio> "
+                   "(noboundary, nokv, shortgpt likewise) with a ratio in (0, 1) such as 0.1 or "
+                   "3/28")
+
+
+def config_arg(name):
+  """argparse type of --config."""
+  try:
+    config_spec(name)
+  except ValueError as e:
+    raise argparse.ArgumentTypeError(str(e))
+  return name
 
 # Codex's stop sequences for HumanEval: a completion is the function's body; whatever starts a
 # new top-level statement ends it. Greedy decoding, one sample: pass@1 is the fraction passed.
@@ -322,15 +349,20 @@ def full_prefill_flops(shape, n_tokens):
   return shape["n_layers"] * (m * linear + attention)
 
 
-def flops_saved_total(metrics_url):
-  """The prefill worker's tripod:prefill_flops_saved_total (summed over its label sets)."""
+def counter_total(metrics_url, name):
+  """A Prometheus counter's value at metrics_url, summed over its label sets."""
   with urllib.request.urlopen(metrics_url, timeout=10) as r:
     text = r.read().decode()
   total = 0.0
   for line in text.splitlines():
-    if line.startswith("tripod:prefill_flops_saved_total"):
+    if line.startswith(name) and line[len(name)] in " {":
       total += float(line.rsplit(" ", 1)[1])
   return total
+
+
+def flops_saved_total(metrics_url):
+  """The prefill worker's tripod:prefill_flops_saved_total."""
+  return counter_total(metrics_url, "tripod:prefill_flops_saved_total")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -383,6 +415,7 @@ class Serve:
       with open(targets) as f:
         by_name = {t["labels"]["process"]: t["targets"][0] for t in json.load(f)}
       self.prefill_metrics = f"http://{by_name['prefill-0']}/metrics"
+      self.scheduler_metrics = f"http://{by_name['scheduler']}/metrics"
       self.served_name = self._served_name()
     except BaseException:
       self.__exit__(None, None, None)
@@ -453,8 +486,7 @@ def complete(client, model, prompt, tripod_options, max_tokens, timeout_s, stop=
 
 def evaluate(args, problems, out, done_rows=()):
   import openai
-  spec = CONFIGS[args.config]
-  serve_pop, request_pop, variant = spec
+  serve_pop, request_pop, variant = config_spec(args.config)
   tripod_options = request_options(request_pop, variant)
   model_path = resolve_model_file(args.model)
   shape = model_shape(model_path)
@@ -545,7 +577,8 @@ def _interrupt(signum, frame):
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--config", choices=sorted(CONFIGS), default="full")
+  ap.add_argument("--config", type=config_arg, default="full",
+                  help=f"{', '.join(CONFIGS)}, or pop<ratio> such as pop0.1 or pop3/28")
   ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct",
                   help="a catalogue name or a GGUF path (tripod serve --model)")
   ap.add_argument("--tripod", default=os.environ.get("TRIPOD_BIN") or

@@ -77,6 +77,9 @@ def test_two_configurations_served_and_scored(tmp_path):
     assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] <= row["wall_s"]
     assert row["humaneval_pass"] in (0.0, 0.5, 1.0) and 0 <= row["longctx_score"] <= 1
     assert abs(row["score"] - (row["humaneval_pass"] + row["longctx_score"]) / 2) < 1e-3
+    # Every prompt here took the disaggregated route, and neither configuration trims the KV.
+    assert row["kv_transfer_bytes"] > 0 and row["kv_transfer_bytes_saved"] == 0
+    assert row["kv_transfer_share"] == 1.0
   assert printed[0]["serve_pop"] == "0" and printed[0]["tripod"] == {"pop": "off"}
   assert printed[1]["serve_pop"] == "1/3" and printed[1]["tripod"] == {"pop": "1/3"}
   with open(png, "rb") as f:

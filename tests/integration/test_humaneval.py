@@ -93,6 +93,16 @@ def test_wilson_interval():
   assert abs(lo - 0.9771) < 1e-3 and abs(hi - 1) < 1e-12
 
 
+def test_a_configuration_names_any_pop_ratio():
+  assert humaneval.config_spec("full") == ("0", "off", None)
+  assert humaneval.config_spec("pop0.1") == ("0.1", "0.1", None)
+  assert humaneval.config_spec("pop3/28") == ("3/28", "3/28", None)
+  assert humaneval.config_spec("nokv0.25") == ("0.25", "0.25", "nokv")
+  for bad in ("pop0", "pop1", "pop1.5", "pop", "popx", "pop3/", "nokv", "half0.2"):
+    with pytest.raises(ValueError, match="unknown configuration"):
+      humaneval.config_spec(bad)
+
+
 def run_harness(tmp_path, config, *extra):
   out = tmp_path / f"{config.replace('/', '_')}.jsonl"
   cmd = [sys.executable, SCRIPT, f"--tripod={binary('tripod')}", f"--model={MODEL}",
