@@ -11,9 +11,15 @@
 #                             .gpu/workers.tar.xz): copies them to /tmp/tripod_gpu.
 #   bench/gpu_check.sh run    second call, at once (the machine stays warm 30 s; carry
 #                             .gpu/model.2 .gpu/gpu_check .gpu/lib .gpu/reference.json
-#                             .gpu/model.sha256): joins and unpacks the model, runs the check,
-#                             prints its tables, then the service on the GPU
-#                             (bench/gpu_serve_check.py); JSON lines to $OUT when OUT is set.
+#                             .gpu/model.sha256 .gpu/shape.header.xz): joins and unpacks the
+#                             model, runs the check, prints its tables, then the service on the
+#                             GPU (bench/gpu_serve_check.py: exact answers), then its speed on a
+#                             random-weight model of the shape model's shape, made there
+#                             (bench/gpu_random_model.py, bench/gpu_serve_bench.py); JSON lines to
+#                             $OUT when OUT is set. `run --skip_check` leaves out the engine check
+#                             (parts 1-3).
+# The shape model (pack): SHAPE_MODEL, a GGUF or a catalogue name (default
+# qwen2.5-coder-1.5b-instruct, fetched into the cache when missing); only its header is carried.
 # The GPU machine cannot build the project (no abseil, gRPC, oneDNN there), takes at most 64 MiB
 # per call (the repository's files included), and has python3 (its standard library unpacks the
 # .xz files, whether or not xz is there) and NCCL only as PyTorch's wheel (found at run time).
@@ -52,9 +58,17 @@ case "$mode" in
     tail -c +$((room + 1)) .gpu/model.xz > .gpu/model.2
     rm .gpu/model.xz
     sha256sum "$model" | cut -d' ' -f1 > .gpu/model.sha256
+    shape="${SHAPE_MODEL:-qwen2.5-coder-1.5b-instruct}"
+    if [[ ! -f "$shape" ]]; then
+      scripts/fetch_model "$shape" >&2
+      # fetch_model links the cached file into models/.
+      shape=models/$(python3 -c 'import json, sys
+print(json.load(open("scripts/model_catalogue.json"))["models"][sys.argv[1]]["file"])' "$shape")
+    fi
+    python3 bench/gpu_random_model.py header --gguf "$shape" --out .gpu/shape.header.xz
     du -sh .gpu/* .gpu
     echo "call 1 carries $(( (tree + $(stat -c %s .gpu/model.1 .gpu/workers.tar.xz | paste -sd+ | bc)) / 1048576 )) MiB," \
-      "call 2 $(( (tree + $(du -sb .gpu/model.2 .gpu/gpu_check .gpu/lib .gpu/reference.json | awk '{s+=$1} END {print s}')) / 1048576 )) MiB"
+      "call 2 $(( (tree + $(du -sb .gpu/model.2 .gpu/gpu_check .gpu/lib .gpu/reference.json .gpu/shape.header.xz | awk '{s+=$1} END {print s}')) / 1048576 )) MiB"
     ;;
   stage)
     mkdir -p /tmp/tripod_gpu && cp .gpu/model.1 .gpu/workers.tar.xz /tmp/tripod_gpu/ &&
@@ -81,7 +95,17 @@ case "$mode" in
     out=()
     [[ -n "${OUT:-}" ]] && out=(--out "$OUT/gpu_check.jsonl")
     status=0
-    .gpu/gpu_check "${args[@]}" "${out[@]}" "${@:2}" || status=$?
+    check_args=("${@:2}")
+    skip_check=0
+    if [[ "${check_args[0]:-}" == "--skip_check" ]]; then
+      skip_check=1
+      check_args=("${check_args[@]:1}")
+    fi
+    if ((skip_check)); then
+      echo "parts 1-3 (the engine check): skipped"
+    else
+      .gpu/gpu_check "${args[@]}" "${out[@]}" "${check_args[@]}" || status=$?
+    fi
     # The service on the GPU, when its binaries were staged and NCCL's library is found.
     echo
     echo "4. the service on the GPU (tripod serve --backend cuda)"
@@ -100,6 +124,19 @@ case "$mode" in
       LD_LIBRARY_PATH="$g/workers/lib:$nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" \
         $py bench/gpu_serve_check.py --bin $g/workers --model $g/model.gguf \
         --reference .gpu/reference.json "${serve_out[@]}" || status=$?
+      echo
+      echo "5. the service's speed on a random-weight model of the shape model's shape"
+      if [[ ! -f .gpu/shape.header.xz ]]; then
+        echo "  no .gpu/shape.header.xz carried: skipped"
+        status=1
+      else
+        $py bench/gpu_random_model.py model --header .gpu/shape.header.xz --out $g/shape.gguf
+        bench_out=()
+        [[ -n "${OUT:-}" ]] && bench_out=(--out "$OUT/gpu_serve_bench.jsonl" --gpu_check_jsonl "$OUT/gpu_check.jsonl")
+        LD_LIBRARY_PATH="$g/workers/lib:$nccl:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}" \
+          $py bench/gpu_serve_bench.py --bin $g/workers --model $g/shape.gguf \
+          "${bench_out[@]}" || status=$?
+      fi
     fi
     exit $status
     ;;
