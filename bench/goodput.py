@@ -19,6 +19,7 @@ Configurations (name: `tripod serve --pop`, the requests' `tripod` object):
   pop1/3      1/3   {"pop": "1/3"}
   speckv1/4   0     SpecKV at a quarter of the prompt's KV (draft workers on)
   specpc1/4   0     SpecPC at a quarter of the prompt (draft workers on)
+  speckv1/8, specpc1/8: the same at an eighth.
   speckv1/4+pop1/3, specpc1/4+pop1/3: the method over a POP 1/3 prefill.
   pop<ratio>  any other POP ratio by name, e.g. pop0.1 or pop3/28.
 """
@@ -48,6 +49,8 @@ CONFIGS = {
     "pop1/3": ("1/3", {"pop": "1/3"}, False),
     "speckv1/4": ("0", {"pop": "off", **_method("speckv", 0.25)}, True),
     "specpc1/4": ("0", {"pop": "off", **_method("specpc", 0.25)}, True),
+    "speckv1/8": ("0", {"pop": "off", **_method("speckv", 0.125)}, True),
+    "specpc1/8": ("0", {"pop": "off", **_method("specpc", 0.125)}, True),
     "speckv1/4+pop1/3": ("1/3", {"pop": "1/3", **_method("speckv", 0.25)}, True),
     "specpc1/4+pop1/3": ("1/3", {"pop": "1/3", **_method("specpc", 0.25)}, True),
 }
