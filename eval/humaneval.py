@@ -595,8 +595,16 @@ def main(argv=None):
   ap.add_argument("--resume", action="store_true",
                   help="keep the problems --out already holds and run only the others")
   ap.add_argument("--merge", nargs="+", metavar="JSONL", help="join shard files into --out")
+  ap.add_argument("--corpus", action="store_true",
+                  help="write every problem's prompt and canonical solution, as one text, to "
+                  "--out (a calibration corpus of code for tripod pop-importance) and exit")
   ap.add_argument("--out", required=True, help="the JSON lines file to write")
   args = ap.parse_args(argv)
+  if args.corpus:
+    with open(args.out, "w") as f:
+      f.write("\n\n".join(p["prompt"] + p["canonical_solution"]
+                           for p in load_problems(args.problems)))
+    return 0
   if args.merge:
     with open(args.out, "w") as out:
       s = merge(args.merge, out)

@@ -103,6 +103,16 @@ def test_a_configuration_names_any_pop_ratio():
       humaneval.config_spec(bad)
 
 
+def test_the_corpus_is_every_prompt_with_its_solution(problems, tmp_path):
+  out = tmp_path / "corpus.txt"
+  assert humaneval.main(["--corpus", f"--out={out}"]) == 0
+  text = out.read_text()
+  at = 0
+  for p in problems:  # in task order, each prompt followed by its solution
+    at = text.index(p["prompt"] + p["canonical_solution"], at) + 1
+  assert len(text) == sum(len(p["prompt"] + p["canonical_solution"]) for p in problems) + 2 * 163
+
+
 def run_harness(tmp_path, config, *extra):
   out = tmp_path / f"{config.replace('/', '_')}.jsonl"
   cmd = [sys.executable, SCRIPT, f"--tripod={binary('tripod')}", f"--model={MODEL}",
