@@ -214,7 +214,7 @@ def plot(rows, path):
                 (row["ttft_p50_s"], row["score"]), textcoords="offset points", xytext=(5, 4),
                 fontsize=8)
   ax.set_xlabel("TTFT p50 (s)")
-  ax.set_ylabel("task score (mean of HumanEval pass@1 and long-context score)")
+  ax.set_ylabel("task score (HumanEval and long-context mean)")
   first = rows[0]
   ax.set_title(f"{first['model']}: {first['requests']} requests at concurrency "
                f"{first['concurrency']}", fontsize=9)

@@ -321,6 +321,13 @@ absl::Status Forward(const LoadedModel& model, Backend& backend, const ForwardPl
       if (capturing && plan.capture.captures(l)) capture_kv_only(l);
       continue;
     }
+    if (l == c.n_layers - 1 && (logits == nullptr || batch.logit_rows.empty()) &&
+        !plan.capture.captures(l)) {
+      // The last layer's outputs feed only the logits: with none asked for (a prefill worker's
+      // pass), its K/V, written above, are all the pass leaves behind (llama.cpp likewise
+      // computes the last layer only for the rows it outputs).
+      break;
+    }
 
     if (p.q_norm) {
       for (int h = 0; h < c.n_heads; ++h) {

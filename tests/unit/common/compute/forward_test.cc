@@ -296,5 +296,41 @@ TEST_F(ForwardTest, DecodeStepsAreMarkedAsGraphSteps) {
   EXPECT_GT(std::count(log.calls.begin(), log.calls.end(), "scores"), 0);
 }
 
+// A pass that outputs no logits (a prefill worker's) leaves only K/V behind, so the last layer
+// writes its K/V and stops: one attention call fewer, and the KV it leaves is the same as a pass
+// with logits leaves (the next token's logits agree bit for bit on the fp32 path).
+TEST_F(ForwardTest, APassWithoutLogitsStopsTheLastLayerAfterItsKv) {
+  const int L = model_->config.n_layers;
+  const std::vector<int32_t> ids = SomeIds(21, 5);
+  const ForwardPlan plan = ForwardPlan::Full(L);
+  std::vector<float> logits;
+  auto next_logits = [&](KvStore& kv, ForwardWorkspace& ws) {
+    StepBatch b;
+    b.AddSequence(0, ids.data() + 20, 1, 20, 20, true);
+    EXPECT_TRUE(Forward(*model_, *backend_, plan, b, kv, ws, &logits).ok());
+    return logits;
+  };
+  StepLog log(*backend_);
+  auto kv_with = NewCache(1, 32);
+  ForwardWorkspace ws_with(log);
+  StepBatch with;
+  with.AddSequence(0, ids.data(), 20, 0, 0, true);
+  ASSERT_TRUE(Forward(*model_, log, plan, with, *kv_with, ws_with, &logits).ok());
+  EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "attention"), L);
+  const std::vector<float> want = next_logits(*kv_with, ws_with);
+
+  // A row asks for logits but no vector takes them; a vector is given but no row asks.
+  for (bool vector : {false, true}) {
+    log.calls.clear();
+    auto kv = NewCache(1, 32);
+    ForwardWorkspace ws(log);
+    StepBatch without;
+    without.AddSequence(0, ids.data(), 20, 0, 0, /*logits=*/!vector);
+    ASSERT_TRUE(Forward(*model_, log, plan, without, *kv, ws, vector ? &logits : nullptr).ok());
+    EXPECT_EQ(std::count(log.calls.begin(), log.calls.end(), "attention"), L - 1);
+    EXPECT_EQ(next_logits(*kv, ws), want) << "output vector " << vector;
+  }
+}
+
 }  // namespace
 }  // namespace tripod
