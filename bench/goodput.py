@@ -119,10 +119,10 @@ def workload(args):
 
 
 def one_request(client, model, req, options, timeout_s):
-  """Streams one greedy completion (eval/humaneval.py's): (text, output tokens, ttft_s)."""
-  text, _, n_out, ttft, _ = he.complete(client, model, req["prompt"], options, req["max_tokens"],
-                                        timeout_s, stop=req["stop"])
-  return text, n_out, ttft
+  """Streams one greedy completion (eval/humaneval.py's): (text, output tokens, ttft_s, route)."""
+  text, _, n_out, ttft, route = he.complete(client, model, req["prompt"], options,
+                                            req["max_tokens"], timeout_s, stop=req["stop"])
+  return text, n_out, ttft, route
 
 
 def run_config(args, name, reqs):
@@ -171,8 +171,11 @@ def run_config(args, name, reqs):
   ttft = {"humaneval": [], "longctx": []}
   scores = {"humaneval": [], "longctx": []}
   out_tokens = 0
-  for req, (text, n_out, t) in zip(reqs, results):
+  routes = {}  # per kind: the route the scheduler reported for each request
+  for req, (text, n_out, t, route) in zip(reqs, results):
     out_tokens += n_out
+    kind_routes = routes.setdefault(req["kind"], {})
+    kind_routes[str(route)] = kind_routes.get(str(route), 0) + 1
     ttft[req["kind"]].append(t)
     if req["kind"] == "humaneval":
       scores["humaneval"].append(
@@ -200,6 +203,7 @@ def run_config(args, name, reqs):
       "score": r(sum(kind_means.values()) / len(kind_means)),
       "kv_transfer_bytes": int(kv_sent), "kv_transfer_bytes_saved": int(kv_saved),
       "kv_transfer_share": r(kv_sent / (kv_sent + kv_saved)) if kv_sent + kv_saved else None,
+      "routes": routes,
   }
 
 

@@ -80,6 +80,7 @@ def test_two_configurations_served_and_scored(tmp_path):
     # Every prompt here took the disaggregated route, and neither configuration trims the KV.
     assert row["kv_transfer_bytes"] > 0 and row["kv_transfer_bytes_saved"] == 0
     assert row["kv_transfer_share"] == 1.0
+    assert row["routes"] == {"humaneval": {"disaggregated": 2}, "longctx": {"disaggregated": 1}}
   assert printed[0]["serve_pop"] == "0" and printed[0]["tripod"] == {"pop": "off"}
   assert printed[1]["serve_pop"] == "1/3" and printed[1]["tripod"] == {"pop": "1/3"}
   with open(png, "rb") as f:
