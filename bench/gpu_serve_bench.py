@@ -38,7 +38,9 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "eval"))
 import gpu_random_model  # noqa: E402  (the GGUF header reader)
+import humaneval  # noqa: E402  (serve_targets; standard library only at import)
 
 
 def request(url, body=None, timeout=300):
@@ -85,13 +87,7 @@ class Service:
         raise RuntimeError("tripod serve did not print its URL; its log ends:\n" +
                            "".join(self.log[-30:]))
       self.base = m.group(1)
-      deadline = time.monotonic() + 60
-      while not os.path.exists(targets):
-        if time.monotonic() > deadline or self.proc.poll() is not None:
-          raise RuntimeError("tripod serve wrote no Prometheus targets")
-        time.sleep(0.1)
-      with open(targets) as f:
-        by_name = {t["labels"]["process"]: t["targets"][0] for t in json.load(f)}
+      by_name = humaneval.serve_targets(targets, self.proc, 60)
       self.scheduler_metrics = f"http://{by_name['scheduler']}/metrics"
       self.model = request(self.base + "/v1/models")["data"][0]["id"]
     except BaseException:

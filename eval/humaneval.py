@@ -370,6 +370,18 @@ def flops_saved_total(metrics_url):
 # ------------------------------------------------------------------------------------------------
 
 
+def serve_targets(path, proc, timeout_s):
+  """{process name: host:port} from the Prometheus targets file `tripod serve` writes once its
+  processes listen (--prometheus_targets), waiting for it while `proc` runs."""
+  deadline = time.monotonic() + timeout_s
+  while not os.path.exists(path):
+    if time.monotonic() > deadline or proc.poll() is not None:
+      raise RuntimeError("tripod serve wrote no Prometheus targets")
+    time.sleep(0.1)
+  with open(path) as f:
+    return {t["labels"]["process"]: t["targets"][0] for t in json.load(f)}
+
+
 class Serve:
   """`tripod serve` on free ports for the duration of a `with`; stopped and reaped on exit."""
 
@@ -407,13 +419,7 @@ class Serve:
                            "ends:\n" + "".join(self.log[-30:]))
       self.base_url = m.group(1)
       threading.Thread(target=self._drain, args=(self.proc.stdout,), daemon=True).start()
-      deadline = time.monotonic() + 30
-      while not os.path.exists(targets):
-        if time.monotonic() > deadline or self.proc.poll() is not None:
-          raise RuntimeError("tripod serve wrote no Prometheus targets")
-        time.sleep(0.1)
-      with open(targets) as f:
-        by_name = {t["labels"]["process"]: t["targets"][0] for t in json.load(f)}
+      by_name = serve_targets(targets, self.proc, 30)
       self.prefill_metrics = f"http://{by_name['prefill-0']}/metrics"
       self.scheduler_metrics = f"http://{by_name['scheduler']}/metrics"
       self.served_name = self._served_name()
