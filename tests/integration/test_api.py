@@ -560,3 +560,27 @@ def test_a_stream_moves_to_another_decode_worker_when_its_own_dies():
     with pytest.raises(openai.APIError) as err:
       stream_and_kill(client0, args, [survivor, d3], after=8)
     assert "decode worker" in str(err.value), err.value
+
+
+def test_a_prefill_longer_than_the_decode_workers_default_lease_still_transfers():
+  """The scheduler's reservation lasts as long as it lets the prefill run (--prefill_timeout), not
+  the decode worker's default lease: a prefill that outlasts that default still hands its KV over
+  instead of falling back to a prefill on the decode worker."""
+  with Cluster() as c:
+    p = c.prefill(precision="fp32", pop_ratio="0", threads=1)
+    d = c.decode(precision="fp32", kv_budget_mb=256, lease_ms=200)
+    s = c.scheduler(prefill=[p], decode=[d], direct_prefill_tokens=8, name="short_lease")
+    prompt = corpus_prompt(1500, offset=3)
+    status, body, _ = s.http("POST", "/v1/completions",
+                             {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 2,
+                              "temperature": 0}, timeout=300)
+    assert status == 200, body
+    r = json.loads(body)
+    assert r["tripod"]["route"] == "disaggregated", r["tripod"]
+    # The fp32 prefill of 1500 tokens on one thread takes well over the 200 ms default lease.
+    assert r["tripod"]["prefill_s"] > 0.2, r["tripod"]
+    _, metrics = s.http_get("/metrics")
+    retries = [float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("tripod:prefill_retries_total{")]
+    assert sum(retries) == 0, [l for l in metrics.splitlines() if "retries" in l]
+    wait_until(lambda: all_blocks_free(d), 30, "blocks free after the request")
