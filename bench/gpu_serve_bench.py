@@ -40,7 +40,7 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "eval"))
 import gpu_random_model  # noqa: E402  (the GGUF header reader)
-import humaneval  # noqa: E402  (serve_targets; standard library only at import)
+import humaneval  # noqa: E402  (serve_targets, counter_total; standard library only at import)
 
 
 def request(url, body=None, timeout=300):
@@ -48,13 +48,6 @@ def request(url, body=None, timeout=300):
   req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
   with urllib.request.urlopen(req, timeout=timeout) as r:
     return json.loads(r.read().decode() or "null")
-
-
-def counter(url, name):
-  with urllib.request.urlopen(url, timeout=30) as r:
-    text = r.read().decode()
-  return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-             if line.startswith(name) and line[len(name)] in " {")
 
 
 class Service:
@@ -141,9 +134,9 @@ def median(v):
 def measure_ttft(svc, args, vocab, seed):
   ps = prompts(args.ttft_requests + 1, args.ttft_tokens, vocab, seed)
   svc.complete(ps[0], 1)  # warm-up: first use of the shapes, the KV link's set-up
-  before = counter(svc.scheduler_metrics, "tripod:kv_transfer_bytes_total")
+  before = humaneval.counter_total(svc.scheduler_metrics, "tripod:kv_transfer_bytes_total")
   times = [svc.complete(p, 1)[2] for p in ps[1:]]
-  moved = counter(svc.scheduler_metrics, "tripod:kv_transfer_bytes_total") - before
+  moved = humaneval.counter_total(svc.scheduler_metrics, "tripod:kv_transfer_bytes_total") - before
   return {"ttft_p50_s": median(times), "ttft_s": times,
           "kv_bytes_per_request": moved / len(times)}
 

@@ -196,8 +196,8 @@ void Call::ReserveAndPrefill(PrefillChoice choice) {
   reserve_request_.set_prompt_tokens(n);
   reserve_request_.set_plan_key(prefill_->last_health().plan_key());
   // The reservation must outlive the prefill, which may queue and run for minutes on a long
-  // prompt (a 16k-token prompt takes two on two CPU cores): the decode worker's default lease
-  // (30 s) freed it first, and the request fell back to prefilling on the decode worker. This
+  // prompt (docs/workers.md, "Leases"): the decode worker's default lease freed it first, and the
+  // request fell back to prefilling on the decode worker. This
   // scheduler gives the prefill up at prefill_timeout and cancels the reservation on every failure,
   // so a lease that long only holds KV after the scheduler itself died (the worker caps it).
   reserve_request_.set_lease_ms(static_cast<uint32_t>(
