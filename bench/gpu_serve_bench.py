@@ -260,7 +260,8 @@ def main(argv=None):
       print(f"  {label}: {e}", flush=True)
       emit({"run": label, "error": str(e)})
       ok = False
-  summary = {"run": "summary", "weight_bytes_bf16": weight_bytes, "kv_bytes_per_token": kv_per_token,
+  summary = {"run": "summary", "weight_bytes_bf16": weight_bytes,
+             "kv_bytes_per_token": kv_per_token,
              "copy_bytes_per_s": copy_bw}
   two, one, gr = got.get("two processes"), got.get("one process"), got.get("graphs")
   if two and one:
