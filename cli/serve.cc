@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -83,6 +84,13 @@ ABSL_FLAG(std::string, draft_model, "",
           "vocabulary (default: the catalogue's draft of --model, e.g. qwen2.5-coder-0.5b-instruct "
           "for qwen2.5-coder-1.5b-instruct, else a self-draft); self: a self-draft of --model (its "
           "first --draft_layers layers)");
+ABSL_FLAG(int64_t, draft_timeout_ms, 0,
+          "serve: the scheduler's draft deadline per 4096 prompt tokens begun; past it a request "
+          "runs without its method (0: the scheduler's default, 30 s)");
+ABSL_FLAG(int, method_min_tokens, -1,
+          "serve: a tripod.budget given as a fraction keeps at least this many prompt tokens, so "
+          "prompts this short run without the method (0: no floor; -1: the scheduler's default, "
+          "512)");
 ABSL_FLAG(bool, lend_cores, true,
           "serve: with the cores split (--threads 0), a worker with no work lends its CPUs to the "
           "others (a lone prompt prefills on all of them); false: each keeps its own");
@@ -523,6 +531,12 @@ absl::Status ServeMain() {
   if (n_decode < 1) return absl::InvalidArgumentError("--decode_workers must be at least 1");
   if (n_prefill < 0) return absl::InvalidArgumentError("--prefill_workers must not be negative");
   if (n_draft < 0) return absl::InvalidArgumentError("--draft_workers must not be negative");
+  if (absl::GetFlag(FLAGS_draft_timeout_ms) < 0) {
+    return absl::InvalidArgumentError("--draft_timeout_ms must not be negative");
+  }
+  if (absl::GetFlag(FLAGS_method_min_tokens) < -1) {
+    return absl::InvalidArgumentError("--method_min_tokens must be -1 or more");
+  }
   if (absl::GetFlag(FLAGS_draft_layers) < 0) {
     return absl::InvalidArgumentError("--draft_layers must not be negative");
   }
@@ -696,6 +710,12 @@ absl::Status ServeMain() {
     if (by_name) c.args.push_back("--served_model_name=" + served_name);
     if (!prefillers.empty()) c.args.push_back("--prefill=" + addresses(prefillers));
     if (!drafters.empty()) c.args.push_back("--draft=" + addresses(drafters));
+    if (const int64_t ms = absl::GetFlag(FLAGS_draft_timeout_ms); ms > 0) {
+      c.args.push_back(absl::StrCat("--draft_timeout_ms=", ms));
+    }
+    if (const int floor = absl::GetFlag(FLAGS_method_min_tokens); floor >= 0) {
+      c.args.push_back(absl::StrCat("--method_min_tokens=", floor));
+    }
     tls(c, "scheduler");
     c.grpc_host = host;
     c.http_host = host;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -93,7 +94,7 @@ absl::StatusOr<std::unique_ptr<DraftEngine>> DraftEngine::Create(const DraftEngi
   return e;
 }
 
-absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
+absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r, const CancelToken* cancel) {
   const ModelConfig& c = model_->config;
   const int n = static_cast<int>(r.prompt.size());
   if (n == 0) return absl::InvalidArgumentError("draft: empty prompt");
@@ -145,7 +146,11 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
   for (int l = out.first_layer; l < depth_; ++l) capture_plan.capture.layers[l] = 1;
   std::vector<float> logits;
   std::vector<CapturedAttention> captured;
+  const auto cancelled = [&](int done, const std::string& what) {
+    return absl::CancelledError(absl::StrCat("draft: cancelled after ", done, " of ", n, what));
+  };
   for (int begin = 0; begin < n;) {
+    if (cancel != nullptr && cancel->cancelled()) return cancelled(begin, " prompt tokens");
     const bool last = begin == n - tail;
     const int len = last ? tail : std::min(chunk, n - tail - begin);
     StepBatch batch;
@@ -165,6 +170,9 @@ absl::StatusOr<DraftResult> DraftEngine::Score(const DraftRequest& r) {
     const int32_t next = Argmax(logits);
     out.lookahead.push_back(next);
     if (i + 1 == r.lookahead) break;
+    if (cancel != nullptr && cancel->cancelled()) {
+      return cancelled(n, absl::StrCat(" prompt tokens and ", i + 1, " lookahead tokens"));
+    }
     StepBatch batch;
     batch.AddSequence(0, &next, 1, n + i, n + i, true);
     RETURN_IF_ERROR(Forward(*model_, *backend_, lookahead_plan_, batch, *kv, *ws_, &logits));

@@ -16,6 +16,7 @@
 #include "common/compute/forward.h"
 #include "common/compute/model.h"
 #include "common/kv/contiguous_kv_cache.h"
+#include "common/util/cancel_token.h"
 #include "common/util/mutex.h"
 #include "draft_node/specpc.h"
 
@@ -83,8 +84,11 @@ class DraftEngine {
   int lookahead_depth() const { return lookahead_depth_; }
   const LoadedModel& model() const { return *model_; }
 
-  // One request at a time (the compute uses every core); concurrent callers wait.
-  absl::StatusOr<DraftResult> Score(const DraftRequest& request);
+  // One request at a time (the compute uses every core); concurrent callers wait. `cancel` (may
+  // be null) is polled between prompt chunks and lookahead tokens: CANCELLED once it is set, so
+  // that work nobody waits for any more (the scheduler's deadline passed) frees the engine.
+  absl::StatusOr<DraftResult> Score(const DraftRequest& request,
+                                    const CancelToken* cancel = nullptr);
 
  private:
   DraftEngine() = default;

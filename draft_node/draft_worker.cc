@@ -19,11 +19,11 @@ JobQueue<DraftJob, DraftOutcome>::Options QueueOptions(int max_queue) {
 DraftWorker::DraftWorker(DraftEngine& engine, DraftMetrics* metrics, int max_queue)
     : engine_(engine),
       queue_(
-          [this, metrics](const DraftJob& job, CancelToken&) {
+          [this, metrics](const DraftJob& job, CancelToken& cancel) {
             using Seconds = std::chrono::duration<double>;
             DraftOutcome o;
             o.queue_s = Seconds(std::chrono::steady_clock::now() - job.accepted).count();
-            absl::StatusOr<DraftResult> r = engine_.Score(*job.request);
+            absl::StatusOr<DraftResult> r = engine_.Score(*job.request, &cancel);
             o.total_s = Seconds(std::chrono::steady_clock::now() - job.accepted).count();
             if (!r.ok()) {
               o.status = r.status();
@@ -45,8 +45,10 @@ absl::StatusOr<DraftOutcome> DraftWorker::Run(const DraftRequest& request, absl:
       queue_.Submit(std::move(job));
   if (!ticket.ok()) return ticket.status();
   // Poll for a cancel while waiting: the caller's client may go away (gRPC's sync API has no
-  // callback for it). A job that has started runs to its end: the engine has no cancel.
+  // callback for it). A job that has started is cancelled too: the engine stops at its next
+  // chunk, free for the requests behind it, rather than finish a map nobody will read.
   bool gave_up = false;
+  bool past_deadline = false;
   while (!(*ticket)->WaitUntil(gave_up
                                    ? absl::InfiniteFuture()
                                    : std::min(deadline, absl::Now() + absl::Milliseconds(20)))) {
@@ -57,9 +59,15 @@ absl::StatusOr<DraftOutcome> DraftWorker::Run(const DraftRequest& request, absl:
                  ? absl::CancelledError("draft worker: the client cancelled while waiting")
                  : absl::DeadlineExceededError("draft worker: the deadline passed while waiting");
     }
-    gave_up = true;  // running: wait for its end
+    past_deadline = !cancel;
+    queue_.Cancel(**ticket);  // running: stop it, then wait for its end
+    gave_up = true;
   }
   DraftOutcome o = (*ticket)->outcome();
+  if (past_deadline && absl::IsCancelled(o.status)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("draft worker: the deadline passed while running (", o.status.message(), ")"));
+  }
   if (!o.status.ok()) return o.status;
   return o;
 }

@@ -1,8 +1,8 @@
 // DraftWorker: a DraftEngine behind the shared job queue (common/rpc/job_queue.h): requests run
 // one at a time on the queue's engine thread, up to a bound on how many may wait. A request waits
 // on its caller's thread (a gRPC handler); one that is cancelled or whose deadline passes while
-// it waits leaves the queue; once it runs, it runs to its end. On shutdown new requests are
-// refused and the waiting ones are given a grace period.
+// it waits leaves the queue, and one that runs stops at the engine's next chunk. On shutdown new
+// requests are refused and the waiting ones are given a grace period.
 #pragma once
 
 #include <chrono>
@@ -37,8 +37,8 @@ class DraftWorker {
   DraftEngine& engine() const { return engine_; }
 
   // Waits for the engine (RESOURCE_EXHAUSTED when max_queue requests already wait, UNAVAILABLE
-  // while draining, CANCELLED when `cancelled` says so or DEADLINE_EXCEEDED past `deadline`
-  // while waiting), then runs the request.
+  // while draining), then runs the request: CANCELLED when `cancelled` says so, DEADLINE_EXCEEDED
+  // past `deadline`, waiting or running.
   absl::StatusOr<DraftOutcome> Run(const DraftRequest& request, absl::Time deadline,
                                    const std::function<bool()>& cancelled);
 

@@ -83,7 +83,8 @@ struct DispatcherOptions {
   std::string pop_on = "1/3";  // what `"pop": "on"` means when --pop is empty
   std::chrono::milliseconds reserve_timeout{10000};
   std::chrono::milliseconds prefill_timeout{600000};
-  // A draft worker's Score; past it the request runs without its method.
+  // A draft worker's Score per 4096 prompt tokens begun (DraftDeadline); past it the request
+  // runs without its method.
   std::chrono::milliseconds draft_timeout{30000};
   DraftMethodParams methods;
   // Times a request whose decode worker dies mid-stream moves to another (Dynamo's

@@ -53,9 +53,10 @@ bool CompressesPrompt(DraftMethod m) {
   return m == DraftMethod::kSpecPc || m == DraftMethod::kKeepLast;
 }
 
-int ResolveBudget(const MethodChoice& choice, int n) {
+int ResolveBudget(const MethodChoice& choice, int n, int min_kept) {
   if (choice.budget_tokens > 0) return choice.budget_tokens;
-  return std::max(1, static_cast<int>(std::lround(choice.budget_fraction * n)));
+  const int kept = static_cast<int>(std::lround(choice.budget_fraction * n));
+  return std::max({1, kept, std::min(min_kept, n)});
 }
 
 bool BudgetKeepsAll(DraftMethod m, int budget, int n) {

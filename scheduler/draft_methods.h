@@ -32,8 +32,11 @@ bool TrimsKv(DraftMethod m);
 // Methods that replace the prompt by some of its tokens (SpecPC, keep-last).
 bool CompressesPrompt(DraftMethod m);
 
-// Tokens kept for a prompt of n tokens: the budget in tokens, or round(fraction * n), at least 1.
-int ResolveBudget(const MethodChoice& choice, int n);
+// Tokens kept for a prompt of n tokens: the budget in tokens as asked, or round(fraction * n) but
+// at least min(min_kept, n) and 1. The floor keeps a fraction from gutting a short prompt (a
+// 130-token code prompt at 1/4 leaves the model nothing to work from; SnapKV's fixed capacity
+// plays the same part); a prompt of min_kept tokens or fewer then runs as without the method.
+int ResolveBudget(const MethodChoice& choice, int n, int min_kept);
 
 // Whether `budget` keeps everything a method could drop from a prompt of n tokens: the whole
 // prompt (SpecPC, keep-last), or the KV of all n - 1 prefilled tokens (the rest). Then the request
@@ -43,6 +46,7 @@ bool BudgetKeepsAll(DraftMethod m, int budget, int n);
 struct DraftMethodParams {
   int speckv_lookahead = 64;  // SpecKV's greedy draft tokens at most (also <= max_tokens)
   int trim_window = 32;       // SpecKV and SnapKV's observation window (<= the budget)
+  int min_kept = 512;         // a fractional budget keeps at least this many tokens (ResolveBudget)
 };
 
 // What the draft worker is asked for a method that needs it (NeedsDraft).

@@ -87,7 +87,8 @@ void Call::Begin() {
   if (absl::Status st = CheckDecodeWorkers(Workers()); !st.ok()) return Finish("error", &st);
   prompt_ = request_.prompt;
   const DraftMethod method = request_.method.method;
-  const MethodPlan plan = PlanMethod(request_.method, static_cast<int>(prompt_.size()));
+  const MethodPlan plan = PlanMethod(request_.method, static_cast<int>(prompt_.size()),
+                                     dispatcher_->options().methods.min_kept);
   if (plan.step == MethodStep::kNone) return ChooseWorkers();
   MethodReport& report = times_.method;
   report.name = DraftMethodName(method);
@@ -123,8 +124,9 @@ void Call::StartDraft() {
   score_request_ =
       ScoreRequestFor(request_.method.method, request_id_, prompt_, times_.method.budget,
                       request_.max_tokens, dispatcher_->options().methods);
-  grpc::ClientContext* context =
-      NextContext(Phase::kDrafting, dispatcher_->options().draft_timeout);
+  grpc::ClientContext* context = NextContext(
+      Phase::kDrafting,
+      DraftDeadline(dispatcher_->options().draft_timeout, static_cast<int>(prompt_.size())));
   if (context == nullptr) return Finish("cancelled", nullptr);
   draft_->AddInflight(1);
   draft_started_ = absl::Now();

@@ -38,16 +38,21 @@ absl::Status CheckDecodeWorkers(const WorkerSnapshot& workers) {
   return WithErrorCode(absl::UnavailableError("no decode worker is available"), "no_workers");
 }
 
-MethodPlan PlanMethod(const MethodChoice& method, int prompt_tokens) {
+MethodPlan PlanMethod(const MethodChoice& method, int prompt_tokens, int min_kept) {
   MethodPlan plan;
   if (method.method == DraftMethod::kNone) return plan;
-  plan.budget = ResolveBudget(method, prompt_tokens);
+  plan.budget = ResolveBudget(method, prompt_tokens, min_kept);
   if (BudgetKeepsAll(method.method, plan.budget, prompt_tokens)) {
     plan.step = MethodStep::kKeepsAll;
   } else {
     plan.step = NeedsDraft(method.method) ? MethodStep::kDraft : MethodStep::kLocal;
   }
   return plan;
+}
+
+std::chrono::milliseconds DraftDeadline(std::chrono::milliseconds per_4096, int prompt_tokens) {
+  const int64_t blocks = std::max<int64_t>(1, (int64_t{prompt_tokens} + 4095) / 4096);
+  return per_4096 * blocks;
 }
 
 DraftFailure AfterDraftFailed(const absl::Status& status, const std::string& draft_address) {

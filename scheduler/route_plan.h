@@ -14,6 +14,7 @@
 //     gives up with a status that says whose fault it is.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,7 +61,14 @@ struct MethodPlan {
   MethodStep step = MethodStep::kNone;
   int budget = 0;  // tokens kept, resolved against the prompt
 };
-MethodPlan PlanMethod(const MethodChoice& method, int prompt_tokens);
+// min_kept: the floor of a fractional budget (DraftMethodParams::min_kept, ResolveBudget).
+MethodPlan PlanMethod(const MethodChoice& method, int prompt_tokens, int min_kept);
+
+// The draft worker's deadline for a prompt: `per_4096` for every 4096 prompt tokens begun, at
+// least `per_4096` (the draft's pass grows with the prompt, its attention faster than linearly:
+// one deadline for all lengths either waits too long on a short prompt or gives up on every long
+// one).
+std::chrono::milliseconds DraftDeadline(std::chrono::milliseconds per_4096, int prompt_tokens);
 
 // What a failed draft hop means: the method is not applied (`why`), and an UNAVAILABLE draft
 // worker leaves routing until its next good check.

@@ -36,7 +36,12 @@ ABSL_FLAG(std::string, tls_server_name, "",
           "workers check the decode workers' against). Default: a worker found through a *_dns "
           "name is checked against that name, one listed by address against its address");
 ABSL_FLAG(int64_t, draft_timeout_ms, 30000,
-          "a draft worker's Score deadline; past it the request runs without its method");
+          "a draft worker's Score deadline for every 4096 prompt tokens begun; past it the "
+          "request runs without its method");
+ABSL_FLAG(int, method_min_tokens, 512,
+          "a tripod.budget given as a fraction keeps at least this many prompt tokens: prompts "
+          "this short or shorter run without the method (0: no floor; a budget in tokens is "
+          "kept as asked)");
 ABSL_FLAG(int, speckv_lookahead, 64,
           "SpecKV's draft lookahead tokens at most (also at most the request's max_tokens)");
 ABSL_FLAG(
@@ -133,6 +138,9 @@ absl::Status CheckFlags(const WorkerRegistryOptions& ro) {
   if (absl::GetFlag(FLAGS_migration_limit) < 0) {
     return absl::InvalidArgumentError("--migration_limit must be >= 0");
   }
+  if (absl::GetFlag(FLAGS_method_min_tokens) < 0) {
+    return absl::InvalidArgumentError("--method_min_tokens must be >= 0");
+  }
   if (absl::GetFlag(FLAGS_speckv_lookahead) < 0) {
     return absl::InvalidArgumentError("--speckv_lookahead must be >= 0");
   }
@@ -169,6 +177,7 @@ absl::StatusOr<SchedulerFlags> SchedulerFlagsFromCommandLine() {
   dopt.default_pop = absl::GetFlag(FLAGS_pop);
   dopt.draft_timeout = std::chrono::milliseconds(absl::GetFlag(FLAGS_draft_timeout_ms));
   dopt.methods.speckv_lookahead = absl::GetFlag(FLAGS_speckv_lookahead);
+  dopt.methods.min_kept = absl::GetFlag(FLAGS_method_min_tokens);
   dopt.migration_limit = absl::GetFlag(FLAGS_migration_limit);
   dopt.max_n = absl::GetFlag(FLAGS_max_n);
   f.http.io_threads = absl::GetFlag(FLAGS_io_threads);

@@ -113,7 +113,9 @@ def test_rules_and_dashboard_against_a_live_cluster(tmp_path):
   targets = conf_dir / "targets" / "local.json"
 
   prom = None
-  with Serve("--draft_workers=1", f"--prometheus_targets={targets}", start_timeout=150) as serve:
+  # The story below is shorter than the default method floor: no floor, so that the methods run.
+  with Serve("--draft_workers=1", f"--prometheus_targets={targets}", "--method_min_tokens=0",
+             start_timeout=150) as serve:
     try:
       client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=120)
       wait_until(targets.exists, 30, "tripod serve wrote the targets file")

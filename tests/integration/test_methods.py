@@ -8,7 +8,8 @@ tripod-prefill (POP 1/3, pruned) and tripod-decode processes on loopback, driven
     `tripod draft` (the draft worker's map) then `tripod prefill --trim ... --generate` (trimming
     methods) or the POP prefill of the kept tokens (SpecPC, keep-last: the prompt's last tokens);
   * a budget that keeps everything leaves the output exactly as without a method, and skips the
-    draft hop;
+    draft hop; so does a fraction on a prompt within the scheduler's floor (--method_min_tokens,
+    which this cluster sets to 0 elsewhere: its prompt is shorter than the default floor);
   * a draft worker that is missing or too slow falls back to no method, and the response says why;
   * bad methods and budgets are 400s; /metrics counts requests by method and outcome, the KV
     bytes saved, the prompt tokens dropped and the draft time.
@@ -39,7 +40,8 @@ def cluster():
     c.p = c.prefill(precision="fp32", pop_ratio="1/3", chunk=CHUNK)
     c.d = c.decode(precision="fp32", kv_budget_mb=256)
     c.r = c.draft(precision="fp32", draft_layers=DRAFT_LAYERS, chunk=CHUNK)
-    c.s = c.scheduler(prefill=[c.p], decode=[c.d], draft=[c.r], direct_prefill_tokens=8)
+    c.s = c.scheduler(prefill=[c.p], decode=[c.d], draft=[c.r], direct_prefill_tokens=8,
+                      method_min_tokens=0)
     C.wait_until(lambda: json.loads(c.s.http_get("/health")[1])["healthy_draft_workers"] == 1,
                  60, "the draft worker in routing")
     yield c
@@ -167,6 +169,32 @@ def test_a_budget_that_keeps_everything_changes_nothing(cluster, client, prompt,
   assert tripod["draft_s"] is None  # no draft hop
 
 
+def test_a_fraction_leaves_a_prompt_within_the_floor_whole(cluster, prompt):
+  """The default floor (512 tokens) is above this prompt's N: a fractional budget keeps it all,
+  the request runs as without its method and skips the draft hop; a floor under N applies it."""
+  want, _, _ = complete(openai.OpenAI(base_url=cluster.s.url + "/v1", api_key="x",
+                                      max_retries=0, timeout=300), prompt)
+  with C.Cluster() as extra:
+    floored = extra.scheduler(prefill=[cluster.p], decode=[cluster.d], draft=[cluster.r],
+                              direct_prefill_tokens=8)
+    low = extra.scheduler(prefill=[cluster.p], decode=[cluster.d], draft=[cluster.r],
+                          direct_prefill_tokens=8, method_min_tokens=N // 2)
+    for sched in (floored, low):
+      C.wait_until(lambda: json.loads(sched.http_get("/health")[1])["healthy_draft_workers"] == 1,
+                   60, "the draft worker in routing")
+    c = openai.OpenAI(base_url=floored.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    for method in ("speckv", "specpc", "snapkv"):
+      text, tripod, _ = complete(c, prompt, method, FRACTION)
+      m = tripod["method"]
+      assert m["applied"] is True and m["budget"] == N and m["prompt_tokens"] == N, m
+      assert m["kv_entries"] is None and tripod["draft_s"] is None, tripod
+      assert text == want, method
+    c = openai.OpenAI(base_url=low.url + "/v1", api_key="x", max_retries=0, timeout=300)
+    _, tripod, _ = complete(c, prompt, "snapkv", FRACTION)
+    m = tripod["method"]
+    assert m["applied"] is True and m["budget"] == N // 2 and m["kv_entries"] == N // 2, m
+
+
 def free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -179,10 +207,11 @@ def test_missing_or_slow_draft_workers_fall_back_to_no_method(cluster, prompt):
   with C.Cluster() as extra:
     # A draft address nobody answers: never in routing.
     absent = extra.scheduler(prefill=[cluster.p], decode=[cluster.d],
-                             draft=[f"127.0.0.1:{free_port()}"], direct_prefill_tokens=8)
+                             draft=[f"127.0.0.1:{free_port()}"], direct_prefill_tokens=8,
+                             method_min_tokens=0)
     # A deadline no draft can meet.
     hasty = extra.scheduler(prefill=[cluster.p], decode=[cluster.d], draft=[cluster.r],
-                            direct_prefill_tokens=8, draft_timeout_ms=1)
+                            direct_prefill_tokens=8, draft_timeout_ms=1, method_min_tokens=0)
     C.wait_until(lambda: json.loads(hasty.http_get("/health")[1])["healthy_draft_workers"] == 1,
                  60, "the draft worker in routing")
     for sched, words in ((absent, "no draft worker is available"), (hasty, "timed out")):

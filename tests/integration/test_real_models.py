@@ -299,7 +299,7 @@ CODE_PROMPT = (
 def test_specpc_goes_through_the_draft_worker(srv):
   r = srv.client.completions.create(
       model=srv.name, prompt=CODE_PROMPT, max_tokens=4, temperature=0,
-      extra_body={"tripod": {"method": "specpc", "budget": 0.5}})
+      extra_body={"tripod": {"method": "specpc", "budget": 32}})  # tokens: under the floor
   method = r.model_extra["tripod"]["method"]
   assert method["applied"] is True, r.model_extra
   assert r.model_extra["tripod"]["draft_s"] > 0, r.model_extra

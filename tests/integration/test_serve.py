@@ -39,7 +39,9 @@ def alive(pid):
 
 def test_serve_starts_serves_restarts_and_stops():
   kids = []
-  with Serve() as serve:
+  # The story below is shorter than the default method floor: set it to 0, and the draft deadline,
+  # through to the scheduler.
+  with Serve("--method_min_tokens=0", "--draft_timeout_ms=60000") as serve:
     proc = serve.proc
     try:
       client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=120)
@@ -64,6 +66,10 @@ def test_serve_starts_serves_restarts_and_stops():
       prefill = next(k for k in kids if comm(k) == "tripod-prefill")
       with open(f"/proc/{prefill}/cmdline", "rb") as f:
         assert b"--pop_ratio=0\0" in f.read() + b"\0"
+      scheduler = next(k for k in kids if comm(k) == "tripod-schedule")
+      with open(f"/proc/{scheduler}/cmdline", "rb") as f:
+        args = f.read().split(b"\0")
+      assert b"--method_min_tokens=0" in args and b"--draft_timeout_ms=60000" in args, args
       decode = next(k for k in kids if comm(k) == "tripod-decode")
       os.kill(decode, signal.SIGKILL)
       # A new decode worker comes up on the same port; the scheduler routes to it again.

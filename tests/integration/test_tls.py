@@ -258,7 +258,7 @@ def test_serve_runs_the_local_cluster_over_mutual_tls(pki):
   """`tripod serve --tls_dir`: every child gets its role's certificate; requests are served
   disaggregated with the draft hop, over mutual TLS throughout."""
   ours, _ = pki
-  with C.Serve(f"--tls_dir={ours}", "--threads=1") as serve:
+  with C.Serve(f"--tls_dir={ours}", "--threads=1", "--method_min_tokens=0") as serve:
     client = openai.OpenAI(base_url=serve.url, api_key="unused", max_retries=0, timeout=120)
     story = " ".join(f"Item {i} is a {w}." for i, w in
                      enumerate(["cat", "door", "lamp", "tree", "cup"] * 12))

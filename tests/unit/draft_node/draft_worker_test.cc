@@ -1,7 +1,8 @@
 // DraftWorker's admission around a running request: one that is cancelled, or whose deadline
 // passes, while it waits for the engine leaves with CANCELLED / DEADLINE_EXCEEDED; a full queue
 // refuses with RESOURCE_EXHAUSTED; after Shutdown new requests get UNAVAILABLE; the running one
-// completes. And DraftRequestFromWire's defaults and refusals.
+// completes. A running request whose client goes away or whose deadline passes stops at the
+// engine's next chunk. And DraftRequestFromWire's defaults and refusals.
 #include "draft_node/draft_worker.h"
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "draft_node/draft_service.h"
 #include "gtest/gtest.h"
 #include "tests/unit/test_model.h"
@@ -69,6 +71,45 @@ TEST(DraftWorkerTest, WaitersLeaveOnCancelDeadlineAndShutdown) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
   EXPECT_EQ(worker.queued(), 0);
   EXPECT_EQ(worker.running(), 0);
+}
+
+TEST(DraftWorkerTest, ARunningRequestStopsWhenItsCallerGivesUp) {
+  DraftEngineOptions o;
+  o.model_path = TestModelPath();
+  o.context_tokens = 1024;
+  o.prefill_chunk = 16;  // 63 chunks: many checks
+  std::unique_ptr<DraftEngine> engine = *DraftEngine::Create(o);
+  DraftWorker worker(*engine, nullptr, /*max_queue=*/2);
+  DraftRequest big;
+  big.prompt = Prompt(1000);
+  // The client goes away once the request runs: CANCELLED, with prompt tokens left undone.
+  std::atomic<bool> gone{false};
+  std::thread leaver([&] {
+    while (worker.running() == 0) std::this_thread::yield();
+    gone = true;
+  });
+  absl::StatusOr<DraftOutcome> r =
+      worker.Run(big, absl::InfiniteFuture(), [&] { return gone.load(); });
+  leaver.join();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  EXPECT_TRUE(absl::StrContains(r.status().message(), "of 1000 prompt tokens")) << r.status();
+  EXPECT_EQ(worker.running(), 0);
+  // A deadline that passes while it runs: DEADLINE_EXCEEDED (before, the map was finished and
+  // returned late, the engine busy all along).
+  r = worker.Run(big, absl::Now() + absl::Milliseconds(50), nullptr);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_EQ(worker.running(), 0);
+  // And the engine is whole: the next request runs to its map.
+  DraftRequest small;
+  small.prompt = Prompt(40);
+  small.specpc.budget = 10;
+  small.specpc.window = 4;
+  small.specpc.pool_kernel = 3;
+  small.specpc.neighbourhood = 2;
+  r = worker.Run(small, absl::InfiniteFuture(), nullptr);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->result.keep.size(), 10u);
+  worker.Shutdown(absl::Seconds(5));
 }
 
 TEST(DraftWorkerTest, WireRequestsGetDefaultsAndNegativeFieldsAreRefused) {

@@ -32,10 +32,15 @@ TEST(DraftMethodsTest, NamesRoundTrip) {
 }
 
 TEST(DraftMethodsTest, BudgetsResolveAgainstThePrompt) {
-  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 300, 0}, 1000), 300);
-  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.25}, 1000), 250);
-  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.125}, 1001), 125);
-  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.001}, 10), 1);  // at least one token
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 300, 0}, 1000, 0), 300);
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.25}, 1000, 0), 250);
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.125}, 1001, 0), 125);
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.001}, 10, 0), 1);  // at least one token
+  // The floor lifts a fraction, never past the prompt, and leaves a budget in tokens alone.
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.25}, 1000, 512), 512);
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecPc, 0, 0.25}, 4096, 512), 1024);
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecKv, 0, 0.25}, 130, 512), 130);
+  EXPECT_EQ(ResolveBudget({DraftMethod::kSpecKv, 64, 0}, 130, 512), 64);
   // SpecPC keeps prompt tokens (n), the KV methods KV entries (n - 1: the last is decode's).
   EXPECT_TRUE(BudgetKeepsAll(DraftMethod::kSpecPc, 100, 100));
   EXPECT_FALSE(BudgetKeepsAll(DraftMethod::kSpecPc, 99, 100));

@@ -263,6 +263,7 @@ TEST(RoutePlanTest, MethodStep) {
     int prompt_tokens;
     MethodStep step;
     int budget;
+    int min_kept = 0;
   } cases[] = {
       {DraftMethod::kNone, 0, 0, 100, MethodStep::kNone, 0},
       {DraftMethod::kSpecKv, 50, 0, 100, MethodStep::kDraft, 50},
@@ -273,13 +274,28 @@ TEST(RoutePlanTest, MethodStep) {
       {DraftMethod::kSnapKv, 0, 0.5, 100, MethodStep::kLocal, 50},
       {DraftMethod::kPyramidKv, 30, 0, 100, MethodStep::kLocal, 30},
       {DraftMethod::kKeepLast, 40, 0, 100, MethodStep::kLocal, 40},
+      // A prompt within the floor runs as without the method; a longer one keeps the floor.
+      {DraftMethod::kSpecPc, 0, 0.25, 100, MethodStep::kKeepsAll, 100, 512},
+      {DraftMethod::kSpecKv, 0, 0.25, 512, MethodStep::kKeepsAll, 512, 512},
+      {DraftMethod::kSpecKv, 0, 0.25, 600, MethodStep::kDraft, 512, 512},
+      {DraftMethod::kSnapKv, 0, 0.25, 4096, MethodStep::kLocal, 1024, 512},
+      {DraftMethod::kSnapKv, 20, 0, 100, MethodStep::kLocal, 20, 512},
   };
   for (const auto& c : cases) {
-    const MethodPlan p =
-        PlanMethod(MethodChoice{c.method, c.budget_tokens, c.fraction}, c.prompt_tokens);
+    const MethodPlan p = PlanMethod(MethodChoice{c.method, c.budget_tokens, c.fraction},
+                                    c.prompt_tokens, c.min_kept);
     EXPECT_EQ(p.step, c.step) << DraftMethodName(c.method) << " " << c.budget_tokens;
     EXPECT_EQ(p.budget, c.budget) << DraftMethodName(c.method) << " " << c.budget_tokens;
   }
+}
+
+TEST(RoutePlanTest, TheDraftDeadlineGrowsWithThePrompt) {
+  using std::chrono::milliseconds;
+  EXPECT_EQ(DraftDeadline(milliseconds(30000), 0), milliseconds(30000));
+  EXPECT_EQ(DraftDeadline(milliseconds(30000), 130), milliseconds(30000));
+  EXPECT_EQ(DraftDeadline(milliseconds(30000), 4096), milliseconds(30000));
+  EXPECT_EQ(DraftDeadline(milliseconds(30000), 4097), milliseconds(60000));
+  EXPECT_EQ(DraftDeadline(milliseconds(30000), 16384), milliseconds(120000));
 }
 
 TEST(RoutePlanTest, DraftFailure) {
