@@ -118,11 +118,26 @@ def workload(args):
   return reqs
 
 
+def method_outcome(method, prompt_tokens):
+  """What the scheduler did with a request's method (its response's tripod.method): "applied",
+  "whole" (the budget kept the whole prompt: under the floor), "fallback: <why>", or None when
+  the request named no method."""
+  if method is None:
+    return None
+  if not method.get("applied"):
+    return f"fallback: {method.get('fallback')}"
+  kept_all = method.get("kv_entries") is None and method.get("prompt_tokens") == prompt_tokens
+  return "whole" if kept_all else "applied"
+
+
 def one_request(client, model, req, options, timeout_s):
-  """Streams one greedy completion (eval/humaneval.py's): (text, output tokens, ttft_s, route)."""
-  text, _, n_out, ttft, route = he.complete(client, model, req["prompt"], options,
-                                            req["max_tokens"], timeout_s, stop=req["stop"])
-  return text, n_out, ttft, route
+  """Streams one greedy completion (eval/humaneval.py's): (text, output tokens, ttft_s, route,
+  method outcome)."""
+  info = {}
+  text, n_prompt, n_out, ttft, route = he.complete(client, model, req["prompt"], options,
+                                                   req["max_tokens"], timeout_s,
+                                                   stop=req["stop"], info=info)
+  return text, n_out, ttft, route, method_outcome(info.get("method"), n_prompt)
 
 
 def run_config(args, name, reqs):
@@ -172,10 +187,14 @@ def run_config(args, name, reqs):
   scores = {"humaneval": [], "longctx": []}
   out_tokens = 0
   routes = {}  # per kind: the route the scheduler reported for each request
-  for req, (text, n_out, t, route) in zip(reqs, results):
+  methods = {}  # per kind: what became of the requests' method (method_outcome)
+  for req, (text, n_out, t, route, outcome) in zip(reqs, results):
     out_tokens += n_out
     kind_routes = routes.setdefault(req["kind"], {})
     kind_routes[str(route)] = kind_routes.get(str(route), 0) + 1
+    if outcome is not None:
+      kind_methods = methods.setdefault(req["kind"], {})
+      kind_methods[outcome] = kind_methods.get(outcome, 0) + 1
     ttft[req["kind"]].append(t)
     if req["kind"] == "humaneval":
       scores["humaneval"].append(
@@ -203,7 +222,7 @@ def run_config(args, name, reqs):
       "score": r(sum(kind_means.values()) / len(kind_means)),
       "kv_transfer_bytes": int(kv_sent), "kv_transfer_bytes_saved": int(kv_saved),
       "kv_transfer_share": r(kv_sent / (kv_sent + kv_saved)) if kv_sent + kv_saved else None,
-      "routes": routes,
+      "routes": routes, "methods": methods,
   }
 
 

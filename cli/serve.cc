@@ -142,6 +142,7 @@ struct Child {
   bool listening = false;      // its port file has appeared since the last start
   std::vector<int> cpus;       // the CPUs it may run on; empty: any
   std::vector<int> home_cpus;  // its own CPUs where it has some (for a draft worker beside it)
+  int share_slot = -1;         // its slot in the core share; -1: none
 };
 
 // {"grpc_port":N,"http_port":M} as the workers write it; nullopt until the file is whole (it is
@@ -604,8 +605,9 @@ absl::Status ServeMain() {
     next_cpu += threads;
     if (share) {
       // Its engine thread keeps to its own CPUs and its team borrows; the process may run anywhere.
+      c.share_slot = static_cast<int>(share_slots.size());
       c.args.push_back("--core_share=" + share_path);
-      c.args.push_back(absl::StrCat("--core_share_slot=", share_slots.size()));
+      c.args.push_back(absl::StrCat("--core_share_slot=", c.share_slot));
       for (std::string& a : c.args) {
         if (a.starts_with("--threads=")) a = absl::StrCat("--threads=", cores);
       }
@@ -654,7 +656,10 @@ absl::Status ServeMain() {
     prefillers.push_back(&sup.Add(std::move(c)));
   }
   // A draft worker runs a request's draft hop just before its prefill: it shares a prefill
-  // worker's CPUs (or a decode worker's, without prefill workers) rather than taking a share.
+  // worker's CPUs (or a decode worker's, without prefill workers) rather than taking a share of
+  // its own. With the cores lent, it joins that worker's slot as another member: alone it borrows
+  // the idle workers' CPUs as the prefill does (a lone long prompt's map on every core), and
+  // while it computes the slot is busy to its neighbours.
   // A separate draft model runs in full (--draft_layers=0) and names its target, whose vocabulary
   // it is checked against again at its start and whose identity its Health reports.
   std::vector<Child*> drafters;
@@ -672,7 +677,18 @@ absl::Status ServeMain() {
     }
     tls(c, "draft");
     const std::vector<Child*>& beside = prefillers.empty() ? decoders : prefillers;
-    c.cpus = beside[i % beside.size()]->home_cpus;
+    const Child& host_worker = *beside[i % beside.size()];
+    const int member = 1 + i / static_cast<int>(beside.size());
+    if (host_worker.share_slot >= 0 && member < kCoreShareMaxMembers) {
+      c.args.push_back("--core_share=" + share_path);
+      c.args.push_back(absl::StrCat("--core_share_slot=", host_worker.share_slot));
+      c.args.push_back(absl::StrCat("--core_share_member=", member));
+      for (std::string& a : c.args) {
+        if (a.starts_with("--threads=")) a = absl::StrCat("--threads=", cores);
+      }
+    } else {
+      c.cpus = host_worker.home_cpus;
+    }
     drafters.push_back(&sup.Add(std::move(c)));
   }
   workers = decoders;

@@ -462,8 +462,9 @@ def request_options(request_pop, variant):
   return options
 
 
-def complete(client, model, prompt, tripod_options, max_tokens, timeout_s, stop=STOP):
-  """One greedy streamed completion: (text, prompt_tokens, output_tokens, ttft_s, route)."""
+def complete(client, model, prompt, tripod_options, max_tokens, timeout_s, stop=STOP, info=None):
+  """One greedy streamed completion: (text, prompt_tokens, output_tokens, ttft_s, route); `info`
+  (a dict) also gets the response's tripod.method ("method": what was applied, or why not)."""
   t0 = time.monotonic()
   ttft = None
   text = []
@@ -483,6 +484,8 @@ def complete(client, model, prompt, tripod_options, max_tokens, timeout_s, stop=
     extra = chunk.model_extra or {}
     if extra.get("tripod"):
       route = extra["tripod"].get("route") or route
+      if info is not None and extra["tripod"].get("method") is not None:
+        info["method"] = extra["tripod"]["method"]
   if usage is None:
     raise RuntimeError("the stream ended without usage")
   if ttft is None:

@@ -124,11 +124,14 @@ void Call::StartDraft() {
   score_request_ =
       ScoreRequestFor(request_.method.method, request_id_, prompt_, times_.method.budget,
                       request_.max_tokens, dispatcher_->options().methods);
-  grpc::ClientContext* context = NextContext(
-      Phase::kDrafting,
-      DraftDeadline(dispatcher_->options().draft_timeout, static_cast<int>(prompt_.size())));
+  // The deadline covers the prompts queued at the draft worker ahead of this one.
+  draft_tokens_ = static_cast<int64_t>(prompt_.size());
+  grpc::ClientContext* context =
+      NextContext(Phase::kDrafting, DraftDeadline(dispatcher_->options().draft_timeout,
+                                                  draft_->inflight_tokens() + draft_tokens_));
   if (context == nullptr) return Finish("cancelled", nullptr);
   draft_->AddInflight(1);
+  draft_->AddInflightTokens(draft_tokens_);
   draft_started_ = absl::Now();
   draft_->draft().async()->Score(
       context, &score_request_, &importance_map_,
@@ -137,6 +140,7 @@ void Call::StartDraft() {
 
 void Call::OnDrafted(const grpc::Status& status) {
   draft_->AddInflight(-1);
+  draft_->AddInflightTokens(-draft_tokens_);
   times_.draft_s = Seconds(absl::Now() - draft_started_);
   if (cancelled()) return Finish("cancelled", nullptr);
   if (!status.ok()) {

@@ -120,6 +120,7 @@ class Call : public grpc::ClientReadReactor<v1::GenerateResponse>,
   v1::Trimming trimming_;        // the prefill worker's KV trimming (TRIM_NONE: none)
   int kv_entries_ = 0;           // what the trimmed KV holds per layer and head
   absl::Time draft_started_;
+  int64_t draft_tokens_ = 0;  // this request's tokens in the draft worker's inflight_tokens()
   v1::ScoreRequest score_request_;
   v1::ImportanceMap importance_map_;
   uint64_t transfer_id_ = 0;

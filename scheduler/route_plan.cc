@@ -50,8 +50,8 @@ MethodPlan PlanMethod(const MethodChoice& method, int prompt_tokens, int min_kep
   return plan;
 }
 
-std::chrono::milliseconds DraftDeadline(std::chrono::milliseconds per_4096, int prompt_tokens) {
-  const int64_t blocks = std::max<int64_t>(1, (int64_t{prompt_tokens} + 4095) / 4096);
+std::chrono::milliseconds DraftDeadline(std::chrono::milliseconds per_4096, int64_t tokens) {
+  const int64_t blocks = std::max<int64_t>(1, (tokens + 4095) / 4096);
   return per_4096 * blocks;
 }
 

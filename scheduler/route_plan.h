@@ -64,11 +64,12 @@ struct MethodPlan {
 // min_kept: the floor of a fractional budget (DraftMethodParams::min_kept, ResolveBudget).
 MethodPlan PlanMethod(const MethodChoice& method, int prompt_tokens, int min_kept);
 
-// The draft worker's deadline for a prompt: `per_4096` for every 4096 prompt tokens begun, at
-// least `per_4096` (the draft's pass grows with the prompt, its attention faster than linearly:
-// one deadline for all lengths either waits too long on a short prompt or gives up on every long
-// one).
-std::chrono::milliseconds DraftDeadline(std::chrono::milliseconds per_4096, int prompt_tokens);
+// The draft worker's deadline for a prompt: `per_4096` for every 4096 tokens begun of the work
+// it answers after, its own prompt's and those of the requests in flight there before it (the
+// worker runs them one at a time), at least `per_4096`. The draft's pass grows with the prompt:
+// one deadline for all lengths and loads either waits too long on a short prompt or gives up on
+// every long one behind others.
+std::chrono::milliseconds DraftDeadline(std::chrono::milliseconds per_4096, int64_t tokens);
 
 // What a failed draft hop means: the method is not applied (`why`), and an UNAVAILABLE draft
 // worker leaves routing until its next good check.

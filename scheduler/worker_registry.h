@@ -45,6 +45,9 @@ class Worker {
   // Requests this scheduler has routed here and not yet finished (the load between checks).
   int inflight() const { return inflight_.load(std::memory_order_relaxed); }
   void AddInflight(int d) { inflight_.fetch_add(d, std::memory_order_relaxed); }
+  // Their prompt tokens (draft workers: the work queued ahead of the next request).
+  int64_t inflight_tokens() const { return inflight_tokens_.load(std::memory_order_relaxed); }
+  void AddInflightTokens(int64_t d) { inflight_tokens_.fetch_add(d, std::memory_order_relaxed); }
 
   // The checker's verdict on one Health call: ok with the answer, or the reason it failed.
   // Returns true when the worker's healthy state changed.
@@ -63,6 +66,7 @@ class Worker {
   std::unique_ptr<v1::Draft::Stub> draft_;
   std::atomic<bool> healthy_{false};
   std::atomic<int> inflight_{0};
+  std::atomic<int64_t> inflight_tokens_{0};
   mutable Mutex mu_;
   v1::HealthResponse health_ ABSL_GUARDED_BY(mu_);
   std::string error_ ABSL_GUARDED_BY(mu_);

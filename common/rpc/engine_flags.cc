@@ -14,6 +14,9 @@ ABSL_FLAG(std::string, core_share, "",
           "a core share file (tripod serve writes it): this worker computes on its slot's CPUs and "
           "borrows idle neighbours' (needs --core_share_slot)");
 ABSL_FLAG(int, core_share_slot, -1, "this worker's slot in --core_share");
+ABSL_FLAG(int, core_share_member, 0,
+          "this worker's place among the processes of its slot (tripod serve's draft workers share "
+          "their prefill worker's slot as member 1 and up)");
 
 namespace tripod {
 
@@ -24,7 +27,10 @@ absl::StatusOr<EngineFlags> SetUpEngineFlags() {
   if (!share.empty()) {
     const int slot = absl::GetFlag(FLAGS_core_share_slot);
     if (slot < 0) return absl::InvalidArgumentError("--core_share needs --core_share_slot");
-    if (absl::Status s = JoinCoreShare(share, slot); !s.ok()) return s;
+    if (absl::Status s = JoinCoreShare(share, slot, absl::GetFlag(FLAGS_core_share_member));
+        !s.ok()) {
+      return s;
+    }
     // Before SetComputeThreads: it pins the team in the share's CPU order.
     if (threads == 0) SetComputeThreads(static_cast<int>(CoreShareCpuOrder().size()));
   }

@@ -25,7 +25,7 @@ constexpr uint64_t kMagic = 0x5452504443525331ull;  // "TRPDCRS1"
 constexpr int32_t kVersion = 1;
 
 struct Slot {
-  int32_t busy;  // accessed through std::atomic_ref only
+  int32_t busy;  // a bit per member computing; accessed through std::atomic_ref only
   int32_t n_cpus;
   int32_t cpus[kCoreShareMaxCpusPerSlot];
 };
@@ -43,6 +43,7 @@ static_assert(std::atomic_ref<int32_t>::is_always_lock_free,
 struct Joined {
   ShareFile* file = nullptr;  // mapped for the process's lifetime, never unmapped
   int slot = -1;
+  int32_t bit = 1;         // this member's bit of the slot's busy word
   std::vector<int> order;  // own CPUs first, then the following slots'
   std::vector<int> home;
 };
@@ -99,8 +100,12 @@ absl::Status CreateCoreShare(const std::string& path, const std::vector<std::vec
   return absl::OkStatus();
 }
 
-absl::Status JoinCoreShare(const std::string& path, int slot) {
+absl::Status JoinCoreShare(const std::string& path, int slot, int member) {
   if (g_in_share.load()) return absl::FailedPreconditionError("already in a core share");
+  if (member < 0 || member >= kCoreShareMaxMembers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("core share member ", member, " is not in 0..", kCoreShareMaxMembers - 1));
+  }
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("core share ", path, ": ", std::strerror(errno)));
@@ -131,6 +136,7 @@ absl::Status JoinCoreShare(const std::string& path, int slot) {
   Joined j;
   j.file = file;
   j.slot = slot;
+  j.bit = int32_t{1} << member;
   for (int k = 0; k < file->n_slots; ++k) {
     const Slot& s = file->slots[(slot + k) % file->n_slots];
     if (s.n_cpus < 1 || s.n_cpus > kCoreShareMaxCpusPerSlot) {
@@ -142,8 +148,9 @@ absl::Status JoinCoreShare(const std::string& path, int slot) {
       if (k == 0) j.home.push_back(s.cpus[c]);
     }
   }
-  // A worker restarted after a crash finds its slot marked busy by its predecessor: it is idle.
-  std::atomic_ref<int32_t>(file->slots[slot].busy).store(0, std::memory_order_relaxed);
+  // A worker restarted after a crash finds its bit set by its predecessor: it is idle (the slot's
+  // other members keep theirs).
+  std::atomic_ref<int32_t>(file->slots[slot].busy).fetch_and(~j.bit, std::memory_order_relaxed);
   g_joined = std::move(j);
   g_in_share.store(true);
   return absl::OkStatus();
@@ -174,8 +181,12 @@ void SetComputeBusy(bool busy) {
   g_busy_count += busy ? 1 : -1;
   if (g_busy_count < 0) g_busy_count = 0;  // an unmatched (false): stay idle, never negative
   if ((before > 0) != (g_busy_count > 0)) {
-    std::atomic_ref<int32_t>(g_joined.file->slots[g_joined.slot].busy)
-        .store(g_busy_count > 0 ? 1 : 0, std::memory_order_relaxed);
+    std::atomic_ref<int32_t> word(g_joined.file->slots[g_joined.slot].busy);
+    if (g_busy_count > 0) {
+      word.fetch_or(g_joined.bit, std::memory_order_relaxed);
+    } else {
+      word.fetch_and(~g_joined.bit, std::memory_order_relaxed);
+    }
   }
 }
 

@@ -29,10 +29,17 @@ inline constexpr int kCoreShareMaxCpusPerSlot = 256;
 // every slot idle. The file is replaced if it exists.
 absl::Status CreateCoreShare(const std::string& path, const std::vector<std::vector<int>>& slots);
 
+// Members of one slot at most (kCoreShareMaxMembers).
+inline constexpr int kCoreShareMaxMembers = 31;
+
 // Joins the share at `path` as `slot`, for the rest of the process. From then on the compute
 // threads (thread_pool.h) are the slot's CPUs plus those lent by idle neighbours, and the CPU
 // order (CoreShareCpuOrder) places the team's threads. Call once, at start-up, before any compute.
-absl::Status JoinCoreShare(const std::string& path, int slot);
+// Processes may share a slot as different members (0 to kCoreShareMaxMembers - 1): the slot is
+// busy while any of them computes, each marking its own bit. tripod serve puts a draft worker in
+// its prefill worker's slot: the two run one after the other for a request, and the draft, alone,
+// borrows the idle neighbours' CPUs as the prefill does.
+absl::Status JoinCoreShare(const std::string& path, int slot, int member = 0);
 
 // Whether this process joined a share.
 bool InCoreShare();

@@ -49,6 +49,18 @@ def test_longctx_score_is_eval_longctxs_rule():
   assert goodput.score_longctx({"answers": [], "recall": True}, "anything") == 0.0
 
 
+def test_method_outcomes_tell_applied_whole_and_fallback():
+  assert goodput.method_outcome(None, 100) is None
+  applied = {"applied": True, "kv_entries": 25, "prompt_tokens": 100, "fallback": None}
+  assert goodput.method_outcome(applied, 100) == "applied"
+  kept = {"applied": True, "kv_entries": None, "prompt_tokens": 25, "fallback": None}  # SpecPC
+  assert goodput.method_outcome(kept, 100) == "applied"
+  whole = {"applied": True, "kv_entries": None, "prompt_tokens": 100, "fallback": None}
+  assert goodput.method_outcome(whole, 100) == "whole"
+  late = {"applied": False, "fallback": "draft worker r:1: timed out", "prompt_tokens": 100}
+  assert goodput.method_outcome(late, 100) == "fallback: draft worker r:1: timed out"
+
+
 def test_percentile_interpolates_as_numpy():
   assert goodput.percentile([3.0, 1.0, 2.0, 4.0], 0.5) == 2.5
   assert abs(goodput.percentile([1.0, 2.0, 3.0, 4.0, 5.0], 0.99) - 4.96) < 1e-9
@@ -81,6 +93,7 @@ def test_two_configurations_served_and_scored(tmp_path):
     assert row["kv_transfer_bytes"] > 0 and row["kv_transfer_bytes_saved"] == 0
     assert row["kv_transfer_share"] == 1.0
     assert row["routes"] == {"humaneval": {"disaggregated": 2}, "longctx": {"disaggregated": 1}}
+    assert row["methods"] == {} and row["serve_args"] == []  # no method asked
   assert printed[0]["serve_pop"] == "0" and printed[0]["tripod"] == {"pop": "off"}
   assert printed[1]["serve_pop"] == "1/3" and printed[1]["tripod"] == {"pop": "1/3"}
   with open(png, "rb") as f:

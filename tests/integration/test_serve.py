@@ -65,7 +65,18 @@ def test_serve_starts_serves_restarts_and_stops():
       # Without --pop the prefill worker loads the catalogue's ratio for the model: none.
       prefill = next(k for k in kids if comm(k) == "tripod-prefill")
       with open(f"/proc/{prefill}/cmdline", "rb") as f:
-        assert b"--pop_ratio=0\0" in f.read() + b"\0"
+        prefill_args = f.read().split(b"\0")
+      assert b"--pop_ratio=0" in prefill_args, prefill_args
+      # With the cores lent (two or more), the draft worker is a second member of the prefill
+      # worker's slot.
+      draft = next(k for k in kids if comm(k) == "tripod-draft")
+      with open(f"/proc/{draft}/cmdline", "rb") as f:
+        draft_args = f.read().split(b"\0")
+      slot = [a for a in prefill_args if a.startswith(b"--core_share_slot=")]
+      if len(os.sched_getaffinity(0)) >= 2:
+        assert slot, prefill_args
+      if slot:
+        assert slot[0] in draft_args and b"--core_share_member=1" in draft_args, draft_args
       scheduler = next(k for k in kids if comm(k) == "tripod-schedule")
       with open(f"/proc/{scheduler}/cmdline", "rb") as f:
         args = f.read().split(b"\0")

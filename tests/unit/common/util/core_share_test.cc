@@ -1,7 +1,8 @@
 // The core share between worker processes: a worker computes on its own CPUs plus those of the idle
 // workers after it in its order, up to the first busy one; a busy mark is seen by the others at
-// once, and a restarted worker's slot starts idle. Joining is for a process's lifetime, so each
-// case runs in a child process (EXPECT_EXIT), and the neighbours are real processes (fork).
+// once, and a restarted worker's slot starts idle; two members of one slot (a draft worker beside
+// its prefill worker) keep it busy while either computes. Joining is for a process's lifetime, so
+// each case runs in a child process (EXPECT_EXIT), and the neighbours are real processes (fork).
 #include "common/util/core_share.h"
 
 #include <gtest/gtest.h>
@@ -45,7 +46,7 @@ struct Neighbour {
   pid_t pid = -1;
   int to = -1, from = -1;
 
-  static Neighbour Start(const std::string& path, int slot) {
+  static Neighbour Start(const std::string& path, int slot, int member = 0) {
     int cmd[2], ack[2];
     if (pipe(cmd) != 0 || pipe(ack) != 0) std::_Exit(2);
     Neighbour n;
@@ -56,7 +57,7 @@ struct Neighbour {
       char c;
       while (read(cmd[0], &c, 1) == 1) {
         char reply = 1;
-        if (c == 'j') reply = JoinCoreShare(path, slot).ok() ? 1 : 0;
+        if (c == 'j') reply = JoinCoreShare(path, slot, member).ok() ? 1 : 0;
         if (c == 'b') SetComputeBusy(true);
         if (c == 'i') SetComputeBusy(false);
         if (c == 't') reply = static_cast<char>(CoreShareThreads());
@@ -202,6 +203,47 @@ TEST_F(CoreShareTest, ARestartedWorkersSlotStartsIdle) {
         CHILD_CHECK(successor.Ask('j') == 1);  // serve restarts it: the slot starts idle
         CHILD_CHECK(CoreShareThreads() == 2);
         successor.Exit('q');
+        std::filesystem::remove(path);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+TEST_F(CoreShareTest, TheMembersOfASlotKeepItBusyWhileEitherComputes) {
+  EXPECT_EXIT(
+      {
+        const std::string path = SharePath("members");
+        CHILD_CHECK(CreateCoreShare(path, {{0}, {1}}).ok());
+        Neighbour prefill = Neighbour::Start(path, 1, 0);
+        Neighbour draft = Neighbour::Start(path, 1, 1);
+        Neighbour crashed = Neighbour::Start(path, 1, 1);
+        CHILD_CHECK(!JoinCoreShare(path, 0, kCoreShareMaxMembers).ok());
+        CHILD_CHECK(JoinCoreShare(path, 0).ok());
+        CHILD_CHECK(prefill.Ask('j') == 1);
+        CHILD_CHECK(crashed.Ask('j') == 1);
+        CHILD_CHECK(CoreShareThreads() == 2);
+        // Both members borrow slot 0 while it is idle.
+        CHILD_CHECK(prefill.Ask('t') == 2);
+        CHILD_CHECK(crashed.Ask('t') == 2);
+        crashed.Ask('b');
+        CHILD_CHECK(CoreShareThreads() == 1);
+        crashed.Exit('x');
+        CHILD_CHECK(CoreShareThreads() == 1);  // it died busy
+        // Its successor clears its own bit only: the prefill worker's mark stands.
+        prefill.Ask('b');
+        CHILD_CHECK(draft.Ask('j') == 1);
+        CHILD_CHECK(CoreShareThreads() == 1);
+        // Either member computing keeps the slot busy; idle once both are.
+        draft.Ask('b');
+        prefill.Ask('i');
+        CHILD_CHECK(CoreShareThreads() == 1);
+        prefill.Ask('b');
+        draft.Ask('i');
+        CHILD_CHECK(CoreShareThreads() == 1);
+        prefill.Ask('i');
+        CHILD_CHECK(CoreShareThreads() == 2);
+        prefill.Exit('q');
+        draft.Exit('q');
         std::filesystem::remove(path);
         std::_Exit(0);
       },
