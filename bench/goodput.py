@@ -231,11 +231,19 @@ def plot(rows, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6.4, 4.2))
+  xs = [row["ttft_p50_s"] for row in rows]
+  ys = [row["score"] for row in rows]
+  span_x = (max(xs) - min(xs)) or 1.0
+  span_y = (max(ys) - min(ys)) or 1.0
+  placed = []  # points already labelled, in shares of the axes' spans
   for row in rows:
-    ax.scatter(row["ttft_p50_s"], row["score"], s=36)
-    ax.annotate(f"{row['config']} ({row['output_tok_s']:.1f} tok/s)",
-                (row["ttft_p50_s"], row["score"]), textcoords="offset points", xytext=(5, 4),
-                fontsize=8)
+    x, y = row["ttft_p50_s"], row["score"]
+    ax.scatter(x, y, s=36)
+    # A label near an earlier point's goes below its own point, so that the two stay readable.
+    near = sum(abs(x - px) / span_x < 0.15 and abs(y - py) / span_y < 0.08 for px, py in placed)
+    placed.append((x, y))
+    ax.annotate(f"{row['config']} ({row['output_tok_s']:.1f} tok/s)", (x, y),
+                textcoords="offset points", xytext=(5, 4 - 12 * near), fontsize=8)
   ax.set_xlabel("TTFT p50 (s)")
   ax.set_ylabel("task score (HumanEval and long-context mean)")
   first = rows[0]
