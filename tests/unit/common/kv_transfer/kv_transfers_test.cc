@@ -323,7 +323,9 @@ TEST_F(KvTransfersTest, LeaseExpiryFreesReservationsWhetherOrNotDataArrived) {
 // chunk in progress, and the stream is told why.
 TEST_F(KvTransfersTest, ExpiryDuringAStreamReleasesOnceAfterTheChunkInProgress) {
   constexpr int n = 501;
-  const TransferTicket t = Add(n, absl::Milliseconds(60));
+  // 150 ms of lease against at least 250 ms of chunks: it runs out mid-stream, and a loaded
+  // machine (TSan beside other work) still opens the stream within it (60 ms did not).
+  const TransferTicket t = Add(n, absl::Milliseconds(150));
   auto src = Source(n - 1, 4);
   std::vector<v1::KvChunk> chunks = Chunks(*src, n - 1, t.transfer_id, 1);  // 1000 small chunks
   ASSERT_TRUE(transfers_->OpenStream(t.transfer_id).ok());
@@ -334,7 +336,7 @@ TEST_F(KvTransfersTest, ExpiryDuringAStreamReleasesOnceAfterTheChunkInProgress) 
       refused = p.status();
       break;
     }
-    absl::SleepFor(absl::Microseconds(200));
+    absl::SleepFor(absl::Microseconds(250));
   }
   EXPECT_EQ(transfers_->CloseStream(t.transfer_id, refused).code(),
             absl::StatusCode::kDeadlineExceeded);
