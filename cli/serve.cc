@@ -599,6 +599,15 @@ absl::Status ServeMain() {
   std::vector<std::vector<int>> share_slots;  // the share's slot i: a worker's own CPUs
   std::string share_path;                     // in serve's temporary directory, once it exists
   size_t next_cpu = 0;
+  // Joins c to the share's `slot` as `member`: its team takes every core the share lends.
+  auto join_share = [&](Child& c, int slot, int member) {
+    c.args.push_back("--core_share=" + share_path);
+    c.args.push_back(absl::StrCat("--core_share_slot=", slot));
+    if (member > 0) c.args.push_back(absl::StrCat("--core_share_member=", member));
+    for (std::string& a : c.args) {
+      if (a.starts_with("--threads=")) a = absl::StrCat("--threads=", cores);
+    }
+  };
   auto assign_cpus = [&](Child& c) {
     if (!split) return;
     std::vector<int> own(allowed.begin() + next_cpu, allowed.begin() + next_cpu + threads);
@@ -606,11 +615,7 @@ absl::Status ServeMain() {
     if (share) {
       // Its engine thread keeps to its own CPUs and its team borrows; the process may run anywhere.
       c.share_slot = static_cast<int>(share_slots.size());
-      c.args.push_back("--core_share=" + share_path);
-      c.args.push_back(absl::StrCat("--core_share_slot=", c.share_slot));
-      for (std::string& a : c.args) {
-        if (a.starts_with("--threads=")) a = absl::StrCat("--threads=", cores);
-      }
+      join_share(c, c.share_slot, 0);
       share_slots.push_back(own);
       if (threads >= 2) c.home_cpus = own;
       return;
@@ -680,12 +685,7 @@ absl::Status ServeMain() {
     const Child& host_worker = *beside[i % beside.size()];
     const int member = 1 + i / static_cast<int>(beside.size());
     if (host_worker.share_slot >= 0 && member < kCoreShareMaxMembers) {
-      c.args.push_back("--core_share=" + share_path);
-      c.args.push_back(absl::StrCat("--core_share_slot=", host_worker.share_slot));
-      c.args.push_back(absl::StrCat("--core_share_member=", member));
-      for (std::string& a : c.args) {
-        if (a.starts_with("--threads=")) a = absl::StrCat("--threads=", cores);
-      }
+      join_share(c, host_worker.share_slot, member);
     } else {
       c.cpus = host_worker.home_cpus;
     }

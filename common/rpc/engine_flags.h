@@ -1,6 +1,6 @@
 // The flags of the three processes that run a model (tripod-prefill, -decode, -draft): --backend,
-// --precision, --threads and the core share (--core_share, --core_share_slot, --core_share_member). In an object of
-// their own, which the scheduler does not link, so that it takes none of them.
+// --precision, --threads and the core share (--core_share, --core_share_slot, --core_share_member).
+// In an object of their own, which the scheduler does not link, so that it takes none of them.
 #pragma once
 
 #include <string>

@@ -29,7 +29,7 @@ inline constexpr int kCoreShareMaxCpusPerSlot = 256;
 // every slot idle. The file is replaced if it exists.
 absl::Status CreateCoreShare(const std::string& path, const std::vector<std::vector<int>>& slots);
 
-// Members of one slot at most (kCoreShareMaxMembers).
+// Processes one slot may hold at most (the bits of its busy word; JoinCoreShare's `member`).
 inline constexpr int kCoreShareMaxMembers = 31;
 
 // Joins the share at `path` as `slot`, for the rest of the process. From then on the compute
