@@ -210,7 +210,8 @@ def run_config(args, name, reqs):
 
   return {
       "bench": "goodput", "model": args.model, "config": name, "serve_pop": serve_pop,
-      "tripod": options, "serve_args": extra, "concurrency": args.concurrency, "requests": len(reqs),
+      "tripod": options, "serve_args": extra, "concurrency": args.concurrency,
+      "requests": len(reqs),
       "humaneval_problems": len(scores["humaneval"]), "longctx_samples": len(scores["longctx"]),
       "longctx": args.longctx, "wall_s": r(wall, 2), "output_tokens": out_tokens,
       "output_tok_s": r(out_tokens / wall, 2),
