@@ -4,6 +4,7 @@
 // Usage: build/<dir>/bench/kernels [--threads=2] [--what=gemv,fork,gemm,attn] [--gemv_m=1,2,4]
 //        [--seconds=0.4] [--cpu_time]
 //        build/<dir>/bench/kernels --what=modelpass --model qwen2.5-coder-1.5b-instruct
+#include <immintrin.h>
 #include <sys/mman.h>
 #include <time.h>
 
@@ -39,7 +40,7 @@
 ABSL_FLAG(int, threads, 2, "compute threads");
 ABSL_FLAG(std::string, model, "",
           "modelpass: the GGUF (path or catalogue name) whose decode pass is measured");
-ABSL_FLAG(std::string, what, "gemv,fork,gemm,attn", "which benchmarks");
+ABSL_FLAG(std::string, what, "gemv,fork,gemm,attn", "which benchmarks (also: modelpass, cached)");
 ABSL_FLAG(std::string, gemv_m, "1,2,4", "activation rows (batch) for the QuantGemm benchmarks");
 ABSL_FLAG(double, seconds, 0.4, "minimum time per measurement");
 ABSL_FLAG(std::string, attn_isa, "", "cap the ISA of the attention benchmarks (avx2, scalar)");
@@ -494,6 +495,95 @@ void BenchModelPass() {
   }
 }
 
+// One real matrix's rows held in L2 (--what=cached --model M), one thread: the decode kernels'
+// multiply-accumulate rate per weight type and row count, without DRAM, beside a loop of
+// independent vdpbf16ps and vpdpwssd (the core's peak for each). Says whether a kernel that runs
+// below its share of the DRAM read in the model pass is bound by its instructions or by memory.
+__attribute__((target("avx512f,avx512bf16,avx512vnni"))) double PeakMacsPerSecond(bool bf16) {
+  __m512 a[16];
+  __m512i b[16];
+  for (int i = 0; i < 16; ++i) {
+    a[i] = _mm512_setzero_ps();
+    b[i] = _mm512_setzero_si512();
+  }
+  __m512i w = _mm512_set1_epi16(0x3f80), x = _mm512_set1_epi16(0x3f80);
+  const int64_t n = 20000000;
+  const double t0 = Now();
+  for (int64_t k = 0; k < n; ++k) {
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) {
+      if (bf16) {
+        a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)w, (__m512bh)x);
+      } else {
+        b[i] = _mm512_dpwssd_epi32(b[i], w, x);
+      }
+    }
+    asm volatile("" : "+v"(w), "+v"(x));
+  }
+  const double t = Now() - t0;
+  alignas(64) float fa[16];
+  alignas(64) int32_t ib[16];
+  float sum = 0;
+  for (int i = 0; i < 16; ++i) {
+    _mm512_store_ps(fa, a[i]);
+    _mm512_store_si512(ib, b[i]);
+    sum += fa[i] + static_cast<float>(ib[i]);
+  }
+  asm volatile("" : : "m"(sum));
+  return n * 16 * 32 / t;  // 32 multiply-adds per instruction
+}
+
+void BenchCached() {
+  absl::StatusOr<std::string> path = ResolveModel(absl::GetFlag(FLAGS_model));
+  auto gguf = path.ok() ? GgufFile::Open(*path) : path.status();
+  if (!gguf.ok()) {
+    std::fprintf(stderr, "kernels: %s\n", gguf.status().ToString().c_str());
+    std::exit(2);
+  }
+  auto config = ReadModelConfig(**gguf);
+  auto weights = config.ok() ? BindWeights(**gguf, *config) : config.status();
+  if (!weights.ok()) {
+    std::fprintf(stderr, "kernels: %s\n", weights.status().ToString().c_str());
+    std::exit(2);
+  }
+  SetComputeThreads(1);
+  const bool vnni = GetCpuFeatures().avx512bf16 && ActiveIsa() >= IsaLevel::kAvx512;
+  const double peak_bf16 = vnni ? PeakMacsPerSecond(true) : 0;
+  const double peak_i16 = vnni ? PeakMacsPerSecond(false) : 0;
+  std::printf("\n## One matrix in L2, one thread (peak: vdpbf16ps %.1f, vpdpwssd %.1f GMAC/s)\n\n",
+              peak_bf16 / 1e9, peak_i16 / 1e9);
+  std::printf("| matrix | type | rows x k | KB | mode | m | us | GMAC/s | of peak |\n");
+  std::printf("|---|---|---|---:|---|---:|---:|---:|---:|\n");
+  const LayerWeights& l = weights->layers[0];
+  std::map<GgmlType, bool> seen;
+  for (const WeightRef* r : std::initializer_list<const WeightRef*>{
+           &l.w_gate, &l.w_down, &l.wq, &l.wo, &weights->output, &l.w_up}) {
+    const GgufTensorInfo& t = *r->tensor;
+    if (seen[t.type]) continue;
+    seen[t.type] = true;
+    const int64_t rb = static_cast<int64_t>(RowBytes(t.type, t.cols()).value());
+    // About 512 KB of rows: in the 1 MiB L2 of the CPUs measured, with x beside them.
+    const int64_t n = std::clamp<int64_t>((512 << 10) / rb / 16 * 16, 16, t.rows());
+    QuantMatrix q{t.type, t.data, n, t.cols(), rb};
+    std::vector<float> x(16 * q.k), y(16 * n);
+    std::mt19937_64 rng(1);
+    for (auto& v : x) v = std::normal_distribution<float>()(rng);
+    for (const auto& [mode, m] : {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kInt16, 4},
+                                  std::pair{GemvMode::kInt8, 1}, std::pair{GemvMode::kBf16, 4},
+                                  std::pair{GemvMode::kBf16, 8}, std::pair{GemvMode::kBf16, 16}}) {
+      const CallTimes c = TimeCalls([&] { QuantGemm(q, x.data(), m, q.k, y.data(), n, mode); });
+      const double macs = static_cast<double>(n) * q.k * m / c.best;
+      const double peak = mode == GemvMode::kBf16 ? peak_bf16 : peak_i16;
+      std::printf("| %s | %s | %lld x %lld | %lld | %s | %d | %.1f | %.1f | %.2f |\n",
+                  t.name.c_str(), std::string(TypeInfo(t.type).name).c_str(),
+                  static_cast<long long>(n), static_cast<long long>(q.k),
+                  static_cast<long long>(n * rb / 1024), GemvModeName(mode), m, c.best * 1e6,
+                  macs / 1e9, peak > 0 ? macs / peak : 0.0);
+      std::fflush(stdout);
+    }
+  }
+}
+
 // Fork/join cost: the parallel regions decode opens ~10 times per layer.
 void BenchFork() {
   std::printf("\n## Fork/join, us per call\n\n");
@@ -675,6 +765,8 @@ int main(int argc, char** argv) {
               tripod::ComputeThreads());
   if (absl::StrContains(what, "modelpass")) {
     tripod::BenchModelPass();
+  } else if (absl::StrContains(what, "cached")) {
+    tripod::BenchCached();
   } else if (absl::StrContains(what, "gemv")) {
     tripod::BenchGemv();
   }
