@@ -24,6 +24,10 @@ class MmapFile {
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Whether the file's first 2 MiB are mapped as one huge page (files of 64 MiB and more, where
+  // the kernel keeps file pages in 2 MiB folios; see mmap_file.cc). Every mapping of 2 MiB or
+  // more starts at a 2 MiB-aligned address either way.
+  bool huge_pages() const { return huge_pages_; }
 
   // Drops this process's pages of the page-aligned interior of [p, p + bytes) (inside the
   // mapping); a later access reads them back from the file. For bytes copied elsewhere (the CPU
@@ -38,6 +42,7 @@ class MmapFile {
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
   bool owned_ = false;
+  bool huge_pages_ = false;
   std::string path_;
 };
 

@@ -1,4 +1,5 @@
-// Tests for HugePageBuffer, HugePageArena and MmapFile::ReleasePages.
+// Tests for HugePageBuffer, HugePageArena and MmapFile's mappings (alignment, huge pages,
+// ReleasePages).
 #include "common/util/huge_pages.h"
 
 #include <unistd.h>
@@ -90,6 +91,73 @@ TEST(MmapFileTest, ReleasedPagesReadBackFromTheFile) {
   (*file)->ReleasePages(d + 100, bytes.size() - 100);
   (*file)->ReleasePages(d + bytes.size() - 10, 1000);  // past the end: clipped
   EXPECT_EQ(std::memcmp(d, bytes.data(), bytes.size()), 0);
+  std::remove(path.c_str());
+}
+
+// Writes n bytes of a pattern to path; the page cache then holds them as written.
+void WritePattern(const std::string& path, size_t n) {
+  std::vector<uint8_t> bytes(n);
+  for (size_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(i * 13 + i / 4096);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(std::fwrite(bytes.data(), 1, n, f), n);
+  ASSERT_EQ(std::fclose(f), 0);
+}
+
+bool PatternHolds(const uint8_t* d, size_t n) {
+  for (size_t i = 0; i < n; i += 997) {
+    if (d[i] != static_cast<uint8_t>(i * 13 + i / 4096)) return false;
+  }
+  return d[n - 1] == static_cast<uint8_t>((n - 1) * 13 + (n - 1) / 4096);
+}
+
+TEST(MmapFileTest, LargeFilesAreMappedOnHugePageBoundaries) {
+  // A file of 2 MiB or more starts at a 2 MiB-aligned address (so that 2 MiB folios can be
+  // mapped whole); below 64 MiB nothing more is asked of the kernel.
+  const std::string path = ::testing::TempDir() + "/aligned_map.bin";
+  const size_t n = 3 * kHuge + 4321;
+  WritePattern(path, n);
+  for (int i = 0; i < 3; ++i) {  // each mapping, not just a lucky first one
+    absl::StatusOr<std::unique_ptr<MmapFile>> file = MmapFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*file)->data()) % kHuge, 0u);
+    EXPECT_EQ((*file)->size(), n);
+    EXPECT_FALSE((*file)->huge_pages());
+    EXPECT_TRUE(PatternHolds((*file)->data(), n));
+  }
+  std::remove(path.c_str());
+}
+
+TEST(MmapFileTest, AModelSizedFileReadsTheSameOnEitherPageSize) {
+  // 64 MiB and more: the pages are asked for in 2 MiB folios, dropping the cached 4 KiB ones the
+  // write left. Whether the kernel grants them depends on its filesystem and configuration;
+  // where it says so, /proc must show the PMD mapping, and the bytes must be the file's anyway,
+  // also after a release and a second mapping.
+  const std::string path = ::testing::TempDir() + "/huge_map.bin";
+  const size_t n = (size_t{64} << 20) + 12345;
+  WritePattern(path, n);
+  absl::StatusOr<std::unique_ptr<MmapFile>> file = MmapFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const uint8_t* d = (*file)->data();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(d) % kHuge, 0u);
+  ASSERT_TRUE(PatternHolds(d, n));
+  if ((*file)->huge_pages()) {
+    std::FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+    ASSERT_NE(f, nullptr);
+    char line[256];
+    long kb = -1;
+    while (std::fgets(line, sizeof line, f) != nullptr) {
+      if (std::sscanf(line, "FilePmdMapped: %ld kB", &kb) == 1) break;
+    }
+    std::fclose(f);
+    EXPECT_GE(kb, 2048);
+  }
+  (*file)->ReleasePages(d + 4096, 5 * kHuge);  // splits the first huge pages
+  EXPECT_TRUE(PatternHolds(d, n));
+  absl::StatusOr<std::unique_ptr<MmapFile>> again = MmapFile::Open(path);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(PatternHolds((*again)->data(), n));
+  EXPECT_EQ((*again)->huge_pages(), (*file)->huge_pages());
   std::remove(path.c_str());
 }
 
