@@ -50,7 +50,10 @@ void* MapAligned(int fd, size_t size) {
     return p;
   }
   if (aligned > base) ::munmap(r, aligned - base);
-  const uintptr_t end = aligned + size, reserved_end = base + size + kHugePage;
+  // The file's mapping ends at its last page's end (munmap wants page-aligned addresses).
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t end = (aligned + size + page - 1) / page * page;
+  const uintptr_t reserved_end = base + size + kHugePage;
   if (reserved_end > end) ::munmap(reinterpret_cast<void*>(end), reserved_end - end);
   return p;
 }
