@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -362,28 +363,34 @@ Alternated Alternate(Read read, Pass pass) {
   return {reads[6], passes[6], share[6], share[3], share[9]};
 }
 
+// --model's file, mapped, and its weights bound (the GGUF kept open: the weights point into it);
+// any error ends the benchmark with its message.
+struct LoadedModel {
+  std::string path;
+  std::unique_ptr<GgufFile> gguf;
+  ModelWeights weights;
+};
+LoadedModel LoadModelOrExit() {
+  absl::StatusOr<std::string> path = ResolveModel(absl::GetFlag(FLAGS_model));
+  auto gguf = path.ok() ? GgufFile::Open(*path) : path.status();
+  auto config = gguf.ok() ? ReadModelConfig(**gguf) : gguf.status();
+  auto weights = config.ok() ? BindWeights(**gguf, *config) : config.status();
+  if (!weights.ok()) {
+    std::fprintf(stderr, "kernels: %s\n", weights.status().ToString().c_str());
+    std::exit(2);
+  }
+  return {*path, std::move(*gguf), std::move(*weights)};
+}
+
 // A real model's decode pass (--what=modelpass --model M): its matrices as the CPU backend reads
 // them (in place from the mapping, Q|K|V and gate|up stacked; Q4_0/Q4_1/Q8_0 interleaved copies
 // as the backend makes), each layer in decode order, then the head; against a plain read of the
 // same bytes, taking turns within each of 12 rounds so that the machine's drift cancels in the
 // ratio. The read is the floor the decode goal names: tokens/s <= read GB/s / bytes.
 void BenchModelPass() {
-  absl::StatusOr<std::string> path = ResolveModel(absl::GetFlag(FLAGS_model));
-  if (!path.ok()) {
-    std::fprintf(stderr, "kernels: %s\n", path.status().ToString().c_str());
-    std::exit(2);
-  }
-  auto gguf = GgufFile::Open(*path);
-  if (!gguf.ok()) {
-    std::fprintf(stderr, "kernels: %s\n", gguf.status().ToString().c_str());
-    std::exit(2);
-  }
-  auto config = ReadModelConfig(**gguf);
-  auto weights = config.ok() ? BindWeights(**gguf, *config) : config.status();
-  if (!weights.ok()) {
-    std::fprintf(stderr, "kernels: %s\n", weights.status().ToString().c_str());
-    std::exit(2);
-  }
+  const LoadedModel model = LoadModelOrExit();
+  const std::string* path = &model.path;
+  const ModelWeights* weights = &model.weights;
   std::vector<std::vector<uint8_t>> copies;
   auto part = [&](const WeightRef& r, int64_t col) {
     const GgufTensorInfo& t = *r.tensor;
@@ -534,18 +541,8 @@ __attribute__((target("avx512f,avx512bf16,avx512vnni"))) double PeakMacsPerSecon
 }
 
 void BenchCached() {
-  absl::StatusOr<std::string> path = ResolveModel(absl::GetFlag(FLAGS_model));
-  auto gguf = path.ok() ? GgufFile::Open(*path) : path.status();
-  if (!gguf.ok()) {
-    std::fprintf(stderr, "kernels: %s\n", gguf.status().ToString().c_str());
-    std::exit(2);
-  }
-  auto config = ReadModelConfig(**gguf);
-  auto weights = config.ok() ? BindWeights(**gguf, *config) : config.status();
-  if (!weights.ok()) {
-    std::fprintf(stderr, "kernels: %s\n", weights.status().ToString().c_str());
-    std::exit(2);
-  }
+  const LoadedModel model = LoadModelOrExit();
+  const ModelWeights* weights = &model.weights;
   SetComputeThreads(1);
   const bool vnni = GetCpuFeatures().avx512bf16 && ActiveIsa() >= IsaLevel::kAvx512;
   const double peak_bf16 = vnni ? PeakMacsPerSecond(true) : 0;
@@ -579,6 +576,13 @@ void BenchCached() {
                   static_cast<long long>(n), static_cast<long long>(q.k),
                   static_cast<long long>(n * rb / 1024), GemvModeName(mode), m, c.best * 1e6,
                   macs / 1e9, peak > 0 ? macs / peak : 0.0);
+      std::printf(
+          "{\"bench\":\"kernels_cached\",\"model\":\"%s\",\"matrix\":\"%s\",\"type\":\"%s\","
+          "\"rows\":%lld,\"k\":%lld,\"mode\":\"%s\",\"m\":%d,\"threads\":1,\"us\":%.2f,"
+          "\"gmacs\":%.2f,\"peak_gmacs\":%.2f,\"share_of_peak\":%.3f}\n",
+          model.path.c_str(), t.name.c_str(), std::string(TypeInfo(t.type).name).c_str(),
+          static_cast<long long>(n), static_cast<long long>(q.k), GemvModeName(mode), m,
+          c.best * 1e6, macs / 1e9, peak / 1e9, peak > 0 ? macs / peak : 0.0);
       std::fflush(stdout);
     }
   }
