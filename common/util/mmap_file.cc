@@ -77,8 +77,9 @@ int64_t FilePmdMappedKb() {
 
 // Asks for the file's pages in 2 MiB folios and says whether its first huge page came in as one.
 // Pages the page cache already holds in 4 KiB folios (a file just downloaded or copied) stay so
-// while cached; those that no process maps are dropped (they are clean) so that they are read
-// back in 2 MiB folios: a one-time read of the file, after which every process shares them.
+// while cached; where the first 2 MiB come back as one folio once dropped, the file's pages that no
+// process maps are dropped too (they are clean) so that they are read back in 2 MiB folios: a
+// one-time read of the file, after which every process shares them.
 bool AskForHugeFolios(int fd, void* p, size_t size) {
   if (FilePmdMappedKb() < 0 || ::madvise(p, size, MADV_HUGEPAGE) != 0) return false;
   auto first_page_huge = [&] {
@@ -87,9 +88,13 @@ bool AskForHugeFolios(int fd, void* p, size_t size) {
     return FilePmdMappedKb() >= before + static_cast<int64_t>(kHugePage >> 10);
   };
   if (first_page_huge()) return true;
+  // Only the first 2 MiB are dropped to try: where the kernel or the filesystem keeps no large
+  // folios they come back small, and the rest of the cache is left alone (no re-read per start).
   ::madvise(p, kHugePage, MADV_DONTNEED);
-  ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
-  return first_page_huge();
+  ::posix_fadvise(fd, 0, kHugePage, POSIX_FADV_DONTNEED);
+  if (!first_page_huge()) return false;
+  ::posix_fadvise(fd, kHugePage, 0, POSIX_FADV_DONTNEED);
+  return true;
 }
 
 }  // namespace
