@@ -525,7 +525,7 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
       path[p] = Path::kInt16;
       need_int16 = true;
       need_bsum |= q4 || int_block;
-      need_pair16 |= int_block && isa >= IsaLevel::kAvx512;
+      need_pair16 |= int_block && isa >= IsaLevel::kAvx2;
       need_sum16 |= w.type == GgmlType::kQ6_K;
     } else {
       path[p] = Path::kF32;
@@ -596,9 +596,14 @@ void QuantGemm(std::span<const QuantPart> parts, const float* x, int m, int64_t 
     }
     xa16 = {xq16.data(), xs.data(), need_bsum ? bsum.data() : nullptr, m, k, nb};
     if (need_pair16) {
-      xa16.kp = (k + 63) / 64 * 64;
+      // x in the order the int-block kernels widen their weights (Int16Act::qp).
+      xa16.kp = isa >= IsaLevel::kAvx512 ? (k + 63) / 64 * 64 : k;
       xq16p.resize(static_cast<size_t>(m) * xa16.kp);
-      qgemv::avx512::PairOrderInt16(xq16.data(), m, k, xq16p.data(), xa16.kp);
+      if (isa >= IsaLevel::kAvx512) {
+        qgemv::avx512::PairOrderInt16(xq16.data(), m, k, xq16p.data(), xa16.kp);
+      } else {
+        qgemv::avx2::LaneOrderInt16(xq16.data(), m, k, xq16p.data());
+      }
       xa16.qp = xq16p.data();
     }
     if (need_sum16) xa16.sum16 = SumsOf16(xq16.data(), m * k, xsum16);

@@ -66,6 +66,10 @@ bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, 
          RowsIntImpl<Isa, Dot::kInt16>(w, xa, y, ldy, j0, j1);
 }
 
+void LaneOrderInt16(const int16_t* q, int m, int64_t k, int16_t* qp) {
+  LaneOrderInt16Impl(q, m, k, qp);
+}
+
 bool DequantRow(const QuantMatrix& w, int64_t j, float* out) { return DequantRowImpl(w, j, out); }
 
 }  // namespace tripod::qgemv::avx2

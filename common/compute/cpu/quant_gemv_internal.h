@@ -41,7 +41,8 @@ struct Int8Act {
 // F32Act's).
 // The AVX-512 kernels of the K-quants, Q5_0 and Q5_1 read x from qp instead: row i at qp + i * kp,
 // kp = k rounded up to 64, each 64 values in their pair order (avx512::PairOrderInt16); and Q6_K's
-// from sum16 too (as Int8Act's, of the int16 values).
+// from sum16 too (as Int8Act's, of the int16 values). The AVX2 ones read qp with kp = k, each 32
+// values in lane order (avx2::LaneOrderInt16).
 struct Int16Act {
   const int16_t* q = nullptr;
   const float* scale = nullptr;
@@ -112,6 +113,9 @@ bool RowsInt8(const QuantMatrix& w, const Int8Act& xa, float* y, int64_t ldy, in
 void QuantizeActInt16(const float* x, int m, int64_t ldx, int64_t k, int16_t* q, float* scale);
 bool RowsInt16(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                int64_t j1);
+// Int16Act::qp from q for the K-quant, Q5_0 and Q5_1 kernels: m rows of k values (a multiple of
+// 32), each 32 as elements 0-7, 16-23, 8-15, 24-31.
+void LaneOrderInt16(const int16_t* q, int m, int64_t k, int16_t* qp);
 }  // namespace avx2
 namespace avx512 {
 // Row j of w as k fp32 values (the prefill GEMM's weight tiles): K-quants, Q5_0, Q5_1, Q4_0, Q4_1

@@ -38,6 +38,23 @@ inline void Widen(__m256i v, __m256i* lo, __m256i* hi) {
   *hi = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1));
 }
 
+// 32 bytes as int16 in lane order, each 128-bit lane widened in place: lo holds bytes 0-7 and
+// 16-23, hi bytes 8-15 and 24-31 (two in-lane unpacks instead of an extract and two cross-lane
+// widenings; the decode kernel reads x in the same order, Int16Act::qp, see LaneOrderInt16).
+inline void WidenLane(__m256i v, __m256i* lo, __m256i* hi) {
+  *lo = _mm256_unpacklo_epi8(v, _mm256_setzero_si256());
+  *hi = _mm256_unpackhi_epi8(v, _mm256_setzero_si256());
+}
+
+template <bool kLane>
+inline void WidenAs(__m256i v, __m256i* lo, __m256i* hi) {
+  if constexpr (kLane) {
+    WidenLane(v, lo, hi);
+  } else {
+    Widen(v, lo, hi);
+  }
+}
+
 // Bit b of each byte of v moved to bit 4 (the fifth bit of a 5-bit value), other bits cleared.
 // 16-bit shifts move no bit across a byte for b < 8 once masked.
 template <int kBit>
@@ -70,7 +87,8 @@ inline void KScales(const uint8_t* s12, __m256* sc, __m256* mn) {
   *mn = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m));
 }
 
-// Per type: where run c starts, its scales, and the int16 weights of its x block s.
+// Per type: where run c starts, its scales, and the int16 weights of its x block s, in natural
+// order (elements 0-15 in lo, 16-31 in hi) or with kLane in WidenLane's order.
 template <GgmlType T>
 struct KTraits;
 
@@ -85,11 +103,11 @@ struct KTraits<GgmlType::kQ4_K> {
     *d = _mm256_mul_ps(sc, _mm256_set1_ps(HalfToFloat(run)));
     *mn = _mm256_mul_ps(m, _mm256_set1_ps(-HalfToFloat(run + 2)));
   }
-  template <int S>
+  template <int S, bool kLane = false>
   static void Weights(const uint8_t* run, __m256i* lo, __m256i* hi) {
     const __m256i q = Load256(run + 16 + 32 * (S / 2));
     const __m256i v = (S & 1) ? _mm256_srli_epi16(q, 4) : q;
-    Widen(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), lo, hi);
+    WidenAs<kLane>(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), lo, hi);
   }
 };
 
@@ -101,12 +119,12 @@ struct KTraits<GgmlType::kQ5_K> {
   static void Scales(const uint8_t* run, int cnt, __m256* d, __m256* mn) {
     KTraits<GgmlType::kQ4_K>::Scales(run, cnt, d, mn);
   }
-  template <int S>
+  template <int S, bool kLane = false>
   static void Weights(const uint8_t* run, __m256i* lo, __m256i* hi) {
     const __m256i q = Load256(run + 48 + 32 * (S / 2));
     const __m256i v = (S & 1) ? _mm256_srli_epi16(q, 4) : q;
     const __m256i h = BitTo4<S>(Load256(run + 16));
-    Widen(_mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), h), lo, hi);
+    WidenAs<kLane>(_mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), h), lo, hi);
   }
 };
 
@@ -121,17 +139,24 @@ struct KTraits<GgmlType::kQ6_K> {
   }
   // x block S = 4 n + t: ql bytes 64 n + 32 (t & 1), nibble t >> 1, qh bits 2t of bytes 32 n,
   // scales 8 n + 2 t (elements 0-15) and + 1 (16-31).
-  template <int S>
+  template <int S, bool kLane = false>
   static void Weights(const uint8_t* run, __m256i* lo, __m256i* hi) {
     constexpr int n = S / 4, t = S % 4;
     const __m256i q = Load256(run + 64 * n + 32 * (t & 1));
     const __m256i v = (t >> 1) ? _mm256_srli_epi16(q, 4) : q;
     const __m256i h = Bits2To45<t>(Load256(run + 128 + 32 * n));
-    Widen(_mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), h), lo, hi);
+    WidenAs<kLane>(_mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi8(0x0f)), h), lo, hi);
     const __m256i off = _mm256_set1_epi16(32);
     const auto* sc = reinterpret_cast<const int8_t*>(run + 192 + 8 * n + 2 * t);
-    *lo = _mm256_mullo_epi16(_mm256_sub_epi16(*lo, off), _mm256_set1_epi16(sc[0]));
-    *hi = _mm256_mullo_epi16(_mm256_sub_epi16(*hi, off), _mm256_set1_epi16(sc[1]));
+    if constexpr (kLane) {
+      // Lane order: the low 128 bits of lo and hi are elements 0-15 (scale sc[0]), the high 16-31.
+      const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[1]), _mm_set1_epi16(sc[0]));
+      *lo = _mm256_mullo_epi16(_mm256_sub_epi16(*lo, off), s);
+      *hi = _mm256_mullo_epi16(_mm256_sub_epi16(*hi, off), s);
+    } else {
+      *lo = _mm256_mullo_epi16(_mm256_sub_epi16(*lo, off), _mm256_set1_epi16(sc[0]));
+      *hi = _mm256_mullo_epi16(_mm256_sub_epi16(*hi, off), _mm256_set1_epi16(sc[1]));
+    }
   }
 };
 
@@ -145,22 +170,40 @@ struct Q5Traits {
     *d = Halves8<kBlockBytes>(run, cnt);
     *mn = kQ51 ? Halves8<kBlockBytes>(run + 2, cnt) : _mm256_mul_ps(*d, _mm256_set1_ps(-16.0f));
   }
-  template <int S>
+  template <int S, bool kLane = false>
   static void Weights(const uint8_t* run, __m256i* lo, __m256i* hi) {
     const uint8_t* blk = run + S * kBlockBytes;
     uint32_t qh;
     std::memcpy(&qh, blk + (kQ51 ? 4 : 2), 4);
-    const __m256i a = _mm256_cvtepu8_epi16(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (kQ51 ? 8 : 6))));
-    const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
-                                          8192, 16384, static_cast<int16_t>(-32768));
-    const __m256i five = _mm256_set1_epi16(16);
-    auto fifth = [&](uint32_t half) {
-      const __m256i m = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(half)), bit);
-      return _mm256_and_si256(_mm256_cmpeq_epi16(m, bit), five);
-    };
-    *lo = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi16(0x0f)), fifth(qh & 0xffffu));
-    *hi = _mm256_or_si256(_mm256_srli_epi16(a, 4), fifth(qh >> 16));
+    const auto* qs = reinterpret_cast<const __m128i*>(blk + (kQ51 ? 8 : 6));
+    if constexpr (kLane) {
+      // Byte e of one vector is element e's value: the 16 bytes in both lanes, the high lane's
+      // shifted to their upper nibbles (elements 16-31), and qh's bit e put in byte e by a
+      // shuffle of its bytes and a per-byte bit test; then WidenLane. 11 ops, where widening
+      // first (below) and regrouping the halves took 18.
+      const __m256i q = _mm256_broadcastsi128_si256(_mm_loadu_si128(qs));
+      const __m256i nib = _mm256_and_si256(
+          _mm256_srlv_epi32(q, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4)), _mm256_set1_epi8(0x0f));
+      const __m256i spread =
+          _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                              _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                               2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+      const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201ull));
+      const __m256i fifth = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                                             _mm256_set1_epi8(0x10));
+      WidenLane(_mm256_or_si256(nib, fifth), lo, hi);
+    } else {
+      const __m256i a = _mm256_cvtepu8_epi16(_mm_loadu_si128(qs));
+      const __m256i bit = _mm256_setr_epi16(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096,
+                                            8192, 16384, static_cast<int16_t>(-32768));
+      const __m256i five = _mm256_set1_epi16(16);
+      auto fifth = [&](uint32_t half) {
+        const __m256i m = _mm256_and_si256(_mm256_set1_epi16(static_cast<int16_t>(half)), bit);
+        return _mm256_and_si256(_mm256_cmpeq_epi16(m, bit), five);
+      };
+      *lo = _mm256_or_si256(_mm256_and_si256(a, _mm256_set1_epi16(0x0f)), fifth(qh & 0xffffu));
+      *hi = _mm256_or_si256(_mm256_srli_epi16(a, 4), fifth(qh >> 16));
+    }
   }
 };
 template <>
@@ -188,19 +231,22 @@ inline void PrefetchRun(const uint8_t* p) {
   if constexpr (kRunBytes > 192) _mm_prefetch(reinterpret_cast<const char*>(p + 192), _MM_HINT_T0);
 }
 
-// R weight rows (row0, rows rs bytes apart) against x rows i0 .. i0 + MG - 1.
+// R weight rows (row0, rows rs bytes apart) against x rows i0 .. i0 + MG - 1, x in lane order
+// (xa.qp, LaneOrderInt16) to match Weights<S, true>. Blocks are scaled in pairs, the pair's sum
+// added to the accumulator once: one dependent add per two blocks, where an FMA per block into
+// the accumulator made its 4-cycle latency the bound at one weight row.
 template <class Isa, GgmlType T, int R, int MG>
 inline void GroupK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0, float* y,
                      int64_t ldy) {
   using K = KTraits<T>;
   const int64_t nb = xa.nb;
-  __m256 acc[R][MG];
+  __m256 acc[R][MG], pair[R][MG];
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int i = 0; i < MG; ++i) acc[r][i] = _mm256_setzero_ps();
+    for (int i = 0; i < MG; ++i) acc[r][i] = pair[r][i] = _mm256_setzero_ps();
   alignas(32) float sc[R][MG][kIlRun];
-  const int16_t* xq = xa.q + i0 * xa.k;
+  const int16_t* xq = xa.qp + i0 * xa.kp;
   const float* xs = xa.scale + i0 * nb;
   const float* bsum = K::kMin ? xa.bsum + i0 * nb : nullptr;
   for (int64_t b0 = 0; b0 < nb; b0 += kIlRun) {
@@ -224,19 +270,25 @@ inline void GroupK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0
       __m256i xl[MG], xh[MG];
 #pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) {
-        const int16_t* xb = xq + i * xa.k + (b0 + S) * 32;
+        const int16_t* xb = xq + i * xa.kp + (b0 + S) * 32;
         xl[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
         xh[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
       }
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         __m256i lo, hi;
-        K::template Weights<S>(run0 + r * rs, &lo, &hi);
+        K::template Weights<S, true>(run0 + r * rs, &lo, &hi);
 #pragma GCC unroll 4
         for (int i = 0; i < MG; ++i) {
-          const __m256i dot = Isa::DotS16x2(lo, xl[i], hi, xh[i]);
-          acc[r][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&sc[r][i][S]),
-                                      acc[r][i]);
+          const __m256 p = _mm256_cvtepi32_ps(Isa::DotS16x2(lo, xl[i], hi, xh[i]));
+          const __m256 d = _mm256_broadcast_ss(&sc[r][i][S]);
+          if constexpr (S % 2 == 0) {
+            pair[r][i] = _mm256_mul_ps(p, d);
+            // A run of odd length (Q5_0 / Q5_1 at a row's end) leaves its last block unpaired.
+            if (S + 1 == nc) acc[r][i] = _mm256_add_ps(acc[r][i], pair[r][i]);
+          } else {
+            acc[r][i] = _mm256_add_ps(acc[r][i], _mm256_fmadd_ps(p, d, pair[r][i]));
+          }
         }
       }
     });
@@ -244,33 +296,33 @@ inline void GroupK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0
   StoreSums<R, MG>(acc, y, ldy);
 }
 
-// Rows R per group at MG x rows: 4 at 1-2 x rows, 2 at 3-4 (the accumulators, x and weight
-// vectors then fit 16 registers).
+// Rows of one step (RN = 4 or 1) against every x row, in groups of up to 4 x rows, one weight
+// row at a time. Why one: at 1-3 x rows the pass streams the weights from DRAM, where one row
+// after another (one sequential stream per thread) measured as fast as 4 rows together on Zen 3
+// and faster on Zen 5; in L2 the paired kernel at one row is faster than at two or four; and at 4
+// x rows the pairs' accumulators leave no registers for a second row (docs/cpu-kernels.md, "One
+// weight row at a time at 1-3 rows" and "AVX2 decode: in-lane widening, blocks scaled in pairs").
+// Each row's sums are the same whatever the group.
 template <class Isa, GgmlType T, int RN>
 inline void OuterStepK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, float* y,
                          int64_t ldy) {
-  constexpr int R12 = std::min(RN, 4), R34 = std::min(RN, 2);
-  int i = 0;
-  for (; i + 4 <= xa.m; i += 4) {
-    for (int r = 0; r < RN; r += R34) {
-      GroupK16<Isa, T, R34, 4>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
+  auto group = [&](auto mg, int i) {
+    constexpr int MG = decltype(mg)::value;
+    for (int r = 0; r < RN; ++r) {
+      GroupK16<Isa, T, 1, MG>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
     }
-  }
+  };
+  int i = 0;
+  for (; i + 4 <= xa.m; i += 4) group(std::integral_constant<int, 4>{}, i);
   switch (xa.m - i) {
     case 3:
-      for (int r = 0; r < RN; r += R34) {
-        GroupK16<Isa, T, R34, 3>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-      }
+      group(std::integral_constant<int, 3>{}, i);
       break;
     case 2:
-      for (int r = 0; r < RN; r += R12) {
-        GroupK16<Isa, T, R12, 2>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-      }
+      group(std::integral_constant<int, 2>{}, i);
       break;
     case 1:
-      for (int r = 0; r < RN; r += R12) {
-        GroupK16<Isa, T, R12, 1>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
-      }
+      group(std::integral_constant<int, 1>{}, i);
       break;
     default:
       break;
@@ -315,9 +367,21 @@ inline bool ForKType(GgmlType t, F&& f) {
 template <class Isa>
 bool RowsInt16KImpl(const QuantMatrix& w, const Int16Act& xa, float* y, int64_t ldy, int64_t j0,
                     int64_t j1) {
-  if (w.interleave != 1) return false;
+  if (w.interleave != 1 || xa.qp == nullptr) return false;
   return ForKType(w.type,
                   [&](auto t) { RowsK16T<Isa, decltype(t)::value>(w, xa, y, ldy, j0, j1); });
+}
+
+// Int16Act::qp for these kernels: each 32-element block of x's m rows (k values, a multiple of 32)
+// as elements 0-7, 16-23, 8-15, 24-31, WidenLane's order (two 16-value vectors per block).
+inline void LaneOrderInt16Impl(const int16_t* q, int m, int64_t k, int16_t* qp) {
+  for (int64_t e = 0; e < m * k; e += 32) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + e));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + e + 16));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + e), _mm256_permute2x128_si256(a, b, 0x20));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(qp + e + 16),
+                        _mm256_permute2x128_si256(a, b, 0x31));
+  }
 }
 
 // Row j of w as fp32 values d * w + mn (the prefill GEMM's tiles): the K-quants, Q5_0 and Q5_1
