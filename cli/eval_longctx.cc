@@ -3,12 +3,13 @@
 // (eval/longctx_eval.h). Prints one JSON line per task, length, method, budget and POP setting:
 // the mean accuracy over the samples with its 95% interval, mean prefill and draft seconds and
 // KV bytes. --out also writes every sample's row (JSON lines) so that shards can be merged
-// (--merge) into the same summary.
+// (--merge) into the same summary, and with --resume a stopped run goes on from its file.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -58,6 +59,9 @@ ABSL_FLAG(int, trim_pool, 7, "eval-longctx: SpecKV and SnapKV's max-pool kernel 
 ABSL_FLAG(std::string, samples_out, "",
           "eval-longctx: write the samples (chat-rendered prompt ids, answers, scoring) as JSON "
           "lines to this file and evaluate nothing (bench/goodput.py serves them)");
+ABSL_FLAG(bool, resume, false,
+          "eval-longctx: with --out, keep the samples the file already holds and evaluate only the "
+          "others, appending (a stopped run goes on where it stopped; run it with the same flags)");
 ABSL_FLAG(std::string, pop_rows, "on,off",
           "eval-longctx: the POP settings to run, comma-separated (on: the --pop ratio, 1/3 when "
           "--pop is not given)");
@@ -237,6 +241,32 @@ absl::Status WriteSamples(const std::string& path, const std::vector<std::string
   return absl::OkStatus();
 }
 
+using SampleKey = std::tuple<std::string, int, int>;  // task, length, sample
+
+// --resume: the rows --out already holds, appended to *rows, and the samples they cover. A line
+// that does not parse (the last one, cut short by a stop) is dropped; no file is no rows.
+absl::StatusOr<std::set<SampleKey>> ResumeRows(std::vector<nlohmann::json>* rows) {
+  std::set<SampleKey> done;
+  const std::string path = absl::GetFlag(FLAGS_out);
+  if (!absl::GetFlag(FLAGS_resume)) return done;
+  if (path.empty()) return absl::InvalidArgumentError("eval-longctx: --resume needs --out");
+  std::ifstream in(path);
+  std::string line;
+  while (in && std::getline(in, line)) {
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("task") || !j.contains("length") ||
+        !j.contains("sample") || !j["task"].is_string() || !j["length"].is_number_integer() ||
+        !j["sample"].is_number_integer()) {
+      continue;
+    }
+    done.insert({j["task"].get<std::string>(), j["length"].get<int>(), j["sample"].get<int>()});
+    rows->push_back(std::move(j));
+  }
+  std::fprintf(stderr, "eval-longctx: resuming %s: %zu samples (%zu rows) kept\n", path.c_str(),
+               done.size(), rows->size());
+  return done;
+}
+
 }  // namespace
 
 absl::Status EvalLongCtxMain() {
@@ -300,27 +330,35 @@ absl::Status EvalLongCtxMain() {
   ASSIGN_OR_RETURN(std::string tmpl_text, gguf->GetString("tokenizer.chat_template"));
   ASSIGN_OR_RETURN(const ChatTemplate chat, DetectChatTemplate(tmpl_text));
 
+  std::vector<nlohmann::json> rows;
+  ASSIGN_OR_RETURN(const std::set<SampleKey> done, ResumeRows(&rows));
   std::ofstream rows_out;
   if (!absl::GetFlag(FLAGS_out).empty()) {
     rows_out.open(absl::GetFlag(FLAGS_out));
     if (!rows_out)
       return absl::InternalError(absl::StrCat("cannot write ", absl::GetFlag(FLAGS_out)));
+    // The kept rows first (a line cut short by a stop is not among them).
+    for (const nlohmann::json& r : rows) rows_out << r.dump() << "\n";
+    rows_out.flush();
   }
-  std::vector<nlohmann::json> rows;
   int job = 0;
   for (const int length : lengths) {
     for (const std::string& task : tasks) {
       for (int i = 0; i < samples; ++i, ++job) {
-        if (job % shards != shard) continue;
+        if (job % shards != shard || done.count({task, length, i}) > 0) continue;
         ASSIGN_OR_RETURN(const LongCtxSample s,
                          MakeLongCtxSample(task, length, i, absl::GetFlag(FLAGS_seed), corpus,
                                            eval->tokenizer(), chat));
         ASSIGN_OR_RETURN(const std::vector<LongCtxRow> got,
                          eval->Evaluate(s, methods, budgets, pops));
+        // A sample's rows in one write, so that a stop leaves whole samples (and at most one cut
+        // line, which --resume drops).
+        std::string lines;
         for (const LongCtxRow& r : got) {
           rows.push_back(RowJson(r, i));
-          if (rows_out.is_open()) rows_out << rows.back().dump() << "\n" << std::flush;
+          lines += rows.back().dump() + "\n";
         }
+        if (rows_out.is_open()) rows_out << lines << std::flush;
         std::fprintf(stderr, "eval-longctx: %s at %d tokens, sample %d: %zu rows\n", task.c_str(),
                      length, i, got.size());
       }

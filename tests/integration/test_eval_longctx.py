@@ -91,3 +91,38 @@ def test_bad_flags_are_refused():
     out = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}", *args],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and words in out.stderr, (args, out.stderr)
+
+
+def test_resume_goes_on_from_the_rows_file():
+  # A run stopped after its first sample, its last line cut short: --resume keeps the whole
+  # lines, evaluates only the missing sample and ends with the rows of an uninterrupted run (the
+  # same outputs; times aside). Run again, it evaluates nothing.
+  args = ["--lengths=256", "--tasks=niah_single", "--samples=2", "--budgets=1/4",
+          "--methods=full,snapkv", "--pop_rows=off", "--precision=fp32", "--chunk=128"]
+  timeless = lambda r: {k: v for k, v in r.items() if k not in ("prefill_s", "draft_s")}
+  with tempfile.TemporaryDirectory(prefix="tripod_lc_") as tmp:
+    rows_path = os.path.join(tmp, "rows.jsonl")
+    run([*args, f"--out={rows_path}"])
+    with open(rows_path) as f:
+      lines = f.read().splitlines()
+    assert [json.loads(l)["sample"] for l in lines] == [0, 0, 1, 1], lines
+    with open(rows_path, "w") as f:
+      f.write("\n".join(lines[:2]) + "\n" + lines[2][:40])
+    out = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}", *args,
+                          f"--out={rows_path}", "--resume"], capture_output=True, text=True,
+                         timeout=C.CALL_TIMEOUT_S, check=True)
+    assert "1 samples (2 rows) kept" in out.stderr, out.stderr
+    assert "tokens, sample 0:" not in out.stderr and "tokens, sample 1:" in out.stderr, out.stderr
+    with open(rows_path) as f:
+      resumed = f.read().splitlines()
+    assert resumed[:2] == lines[:2]
+    assert [timeless(json.loads(l)) for l in resumed] == [timeless(json.loads(l)) for l in lines]
+    again = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}", *args,
+                            f"--out={rows_path}", "--resume"], capture_output=True, text=True,
+                           timeout=C.CALL_TIMEOUT_S, check=True)
+    assert "tokens, sample" not in again.stderr, again.stderr
+    with open(rows_path) as f:
+      assert f.read().splitlines() == resumed
+  out = subprocess.run([C.binary("tripod"), "eval-longctx", f"--model={C.MODEL}", "--resume",
+                        "--lengths=256"], capture_output=True, text=True, timeout=120)
+  assert out.returncode != 0 and "--resume needs --out" in out.stderr, out.stderr
