@@ -231,69 +231,55 @@ inline void PrefetchRun(const uint8_t* p) {
   if constexpr (kRunBytes > 192) _mm_prefetch(reinterpret_cast<const char*>(p + 192), _MM_HINT_T0);
 }
 
-// R weight rows (row0, rows rs bytes apart) against x rows i0 .. i0 + MG - 1, x in lane order
-// (xa.qp, LaneOrderInt16) to match Weights<S, true>. Blocks are scaled in pairs, the pair's sum
-// added to the accumulator once: one dependent add per two blocks, where an FMA per block into
-// the accumulator made its 4-cycle latency the bound at one weight row.
-template <class Isa, GgmlType T, int R, int MG>
-inline void GroupK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, int i0, float* y,
-                     int64_t ldy) {
+// One weight row against x rows i0 .. i0 + MG - 1, x in lane order (xa.qp, LaneOrderInt16) to
+// match Weights<S, true>. Blocks are scaled in pairs, the pair's sum added to the accumulator
+// once: one dependent add per two blocks, where an FMA per block into the accumulator made its
+// 4-cycle latency the bound at one weight row.
+template <class Isa, GgmlType T, int MG>
+inline void RowK16(const uint8_t* row, const Int16Act& xa, int i0, float* y, int64_t ldy) {
   using K = KTraits<T>;
   const int64_t nb = xa.nb;
-  __m256 acc[R][MG], pair[R][MG];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
+  __m256 acc[1][MG], pair[MG];
 #pragma GCC unroll 4
-    for (int i = 0; i < MG; ++i) acc[r][i] = pair[r][i] = _mm256_setzero_ps();
-  alignas(32) float sc[R][MG][kIlRun];
+  for (int i = 0; i < MG; ++i) acc[0][i] = pair[i] = _mm256_setzero_ps();
+  alignas(32) float sc[MG][kIlRun];
   const int16_t* xq = xa.qp + i0 * xa.kp;
   const float* xs = xa.scale + i0 * nb;
   const float* bsum = K::kMin ? xa.bsum + i0 * nb : nullptr;
   for (int64_t b0 = 0; b0 < nb; b0 += kIlRun) {
     const int nc = static_cast<int>(std::min<int64_t>(kIlRun, nb - b0));
-    const uint8_t* run0 = K::Run(row0, b0);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const uint8_t* run = run0 + r * rs;
-      PrefetchRun<K::kBlockBytes>(run + kPrefetchBytes);
-      __m256 d, mn;
-      K::Scales(run, nc, &d, &mn);
+    const uint8_t* run = K::Run(row, b0);
+    PrefetchRun<K::kBlockBytes>(run + kPrefetchBytes);
+    __m256 d, mn;
+    K::Scales(run, nc, &d, &mn);
 #pragma GCC unroll 4
-      for (int i = 0; i < MG; ++i) {
-        const int64_t o = i * nb + b0;
-        _mm256_store_ps(sc[r][i], _mm256_mul_ps(d, LoadUpTo8(xs + o, nc)));
-        if constexpr (K::kMin) acc[r][i] = _mm256_fmadd_ps(mn, LoadUpTo8(bsum + o, nc), acc[r][i]);
-      }
+    for (int i = 0; i < MG; ++i) {
+      const int64_t o = i * nb + b0;
+      _mm256_store_ps(sc[i], _mm256_mul_ps(d, LoadUpTo8(xs + o, nc)));
+      if constexpr (K::kMin) acc[0][i] = _mm256_fmadd_ps(mn, LoadUpTo8(bsum + o, nc), acc[0][i]);
     }
     ForBlocks(nc, [&](auto s) {
       constexpr int S = decltype(s)::value;
-      __m256i xl[MG], xh[MG];
+      __m256i lo, hi;
+      K::template Weights<S, true>(run, &lo, &hi);
 #pragma GCC unroll 4
       for (int i = 0; i < MG; ++i) {
         const int16_t* xb = xq + i * xa.kp + (b0 + S) * 32;
-        xl[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
-        xh[i] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
-      }
-#pragma GCC unroll 8
-      for (int r = 0; r < R; ++r) {
-        __m256i lo, hi;
-        K::template Weights<S, true>(run0 + r * rs, &lo, &hi);
-#pragma GCC unroll 4
-        for (int i = 0; i < MG; ++i) {
-          const __m256 p = _mm256_cvtepi32_ps(Isa::DotS16x2(lo, xl[i], hi, xh[i]));
-          const __m256 d = _mm256_broadcast_ss(&sc[r][i][S]);
-          if constexpr (S % 2 == 0) {
-            pair[r][i] = _mm256_mul_ps(p, d);
-            // A run of odd length (Q5_0 / Q5_1 at a row's end) leaves its last block unpaired.
-            if (S + 1 == nc) acc[r][i] = _mm256_add_ps(acc[r][i], pair[r][i]);
-          } else {
-            acc[r][i] = _mm256_add_ps(acc[r][i], _mm256_fmadd_ps(p, d, pair[r][i]));
-          }
+        const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb));
+        const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb + 16));
+        const __m256 p = _mm256_cvtepi32_ps(Isa::DotS16x2(lo, xl, hi, xh));
+        const __m256 dv = _mm256_broadcast_ss(&sc[i][S]);
+        if constexpr (S % 2 == 0) {
+          pair[i] = _mm256_mul_ps(p, dv);
+          // A run of odd length (Q5_0 / Q5_1 at a row's end) leaves its last block unpaired.
+          if (S + 1 == nc) acc[0][i] = _mm256_add_ps(acc[0][i], pair[i]);
+        } else {
+          acc[0][i] = _mm256_add_ps(acc[0][i], _mm256_fmadd_ps(p, dv, pair[i]));
         }
       }
     });
   }
-  StoreSums<R, MG>(acc, y, ldy);
+  StoreSums<1, MG>(acc, y, ldy);
 }
 
 // Rows of one step (RN = 4 or 1) against every x row, in groups of up to 4 x rows, one weight
@@ -309,7 +295,7 @@ inline void OuterStepK16(const uint8_t* row0, int64_t rs, const Int16Act& xa, fl
   auto group = [&](auto mg, int i) {
     constexpr int MG = decltype(mg)::value;
     for (int r = 0; r < RN; ++r) {
-      GroupK16<Isa, T, 1, MG>(row0 + r * rs, rs, xa, i, y + i * ldy + r, ldy);
+      RowK16<Isa, T, MG>(row0 + r * rs, xa, i, y + i * ldy + r, ldy);
     }
   };
   int i = 0;
