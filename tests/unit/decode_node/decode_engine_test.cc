@@ -24,7 +24,7 @@
 #include "tests/unit/decode_node/test_engine.h"
 #include "tests/unit/test_model.h"
 
-namespace tripod {
+namespace tripod::decode_engine_test {
 namespace {
 
 DecodeEngineOptions Options(size_t kv_bytes = size_t{64} << 20) {
@@ -599,4 +599,4 @@ TEST_F(DecodeEngineTest, ConstrainedContinuationStartsAfterItsEarlierOutput) {
 }
 
 }  // namespace
-}  // namespace tripod
+}  // namespace tripod::decode_engine_test

@@ -21,7 +21,7 @@
 #include "tests/unit/common/kv_transfer/fake_decode.h"
 #include "tests/unit/test_model.h"
 
-namespace tripod {
+namespace tripod::prefill_service_test {
 namespace {
 
 std::vector<int32_t> SomeIds(int n, int seed) {
@@ -270,4 +270,4 @@ TEST_F(PrefillServiceTest, HealthAndCancel) {
 }
 
 }  // namespace
-}  // namespace tripod
+}  // namespace tripod::prefill_service_test

@@ -14,7 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "scheduler/openai_request.h"
 
-namespace tripod::scheduler {
+namespace tripod::scheduler::request_fields_test {
 namespace {
 
 using nlohmann::json;
@@ -74,9 +74,9 @@ TEST(RequestFieldsTest, UnimplementedFieldsAreRefusedNamingTheField) {
   // The fields of issue 41 and vLLM's extras that would change the answer.
   const json values[] = {json::array({"a", "b"}), json{{"type", "object"}}, json("x|y"), json(1),
                          json(true)};
-  for (const char* key :
-       {"guided_grammar", "guided_whitespace_pattern", "allowed_token_ids", "bad_words", "logits_processors", "use_beam_search",
-        "truncate_prompt_tokens", "some_unknown_field", "nvext"}) {
+  for (const char* key : {"guided_grammar", "guided_whitespace_pattern", "allowed_token_ids",
+                          "bad_words", "logits_processors", "use_beam_search",
+                          "truncate_prompt_tokens", "some_unknown_field", "nvext"}) {
     for (ApiKind kind : {kCmpl, kChat}) {
       for (const json& v : values) {
         SCOPED_TRACE(std::string(key) + " " + v.dump());
@@ -195,4 +195,4 @@ TEST(RequestFieldsTest, EchoAndPromptLogprobs) {
 }
 
 }  // namespace
-}  // namespace tripod::scheduler
+}  // namespace tripod::scheduler::request_fields_test

@@ -14,7 +14,7 @@
 
 #include "common/kv/paged_kv_cache.h"
 
-namespace tripod {
+namespace tripod::paged_kv_property_test {
 namespace {
 
 const KvLayout kLayout{2, 2, 4, KvDtype::kF32};
@@ -345,4 +345,4 @@ TEST(PagedKvPropertyTest, RandomWorkloadsKeepDataAndCountsConsistent) {
 }
 
 }  // namespace
-}  // namespace tripod
+}  // namespace tripod::paged_kv_property_test

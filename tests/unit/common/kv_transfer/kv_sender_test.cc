@@ -20,7 +20,7 @@
 #include "common/rpc/protocol.h"
 #include "tests/unit/common/kv_transfer/fake_decode.h"
 
-namespace tripod {
+namespace tripod::kv_sender_test {
 namespace {
 
 const KvLayout kLayout{30, 3, 64, KvDtype::kF16};  // SmolLM2-135M's KV, f16: 768 B a slot-layer
@@ -262,4 +262,4 @@ TEST(KvSenderTest, UnreachableWorkerIsUnavailable) {
 }
 
 }  // namespace
-}  // namespace tripod
+}  // namespace tripod::kv_sender_test

@@ -21,7 +21,7 @@
 #include "common/kv_transfer/kv_chunk_codec.h"
 #include "common/util/mutex.h"
 
-namespace tripod {
+namespace tripod::kv_transfers_test {
 namespace {
 
 const KvLayout kLayout{2, 2, 32, KvDtype::kF32};
@@ -484,4 +484,4 @@ TEST_F(KvTransfersTest, TombstonesAgeOut) {
 }
 
 }  // namespace
-}  // namespace tripod
+}  // namespace tripod::kv_transfers_test

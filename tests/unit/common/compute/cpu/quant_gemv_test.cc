@@ -11,7 +11,7 @@
 #include "common/compute/cpu/quant_gemv_internal.h"
 #include "gtest/gtest.h"
 
-namespace tripod {
+namespace tripod::quant_gemv_test {
 namespace {
 
 std::vector<IsaLevel> Levels() {
@@ -547,4 +547,4 @@ TEST(QuantGemmTest, DequantizeMatrixRowMatchesReference) {
 }
 
 }  // namespace
-}  // namespace tripod
+}  // namespace tripod::quant_gemv_test
