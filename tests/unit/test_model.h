@@ -5,12 +5,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "tests/unit/test_source_dir.h"
+
 namespace tripod {
 
 inline std::string TestModelPath() {
   const char* env = std::getenv("TRIPOD_MODEL");
   if (env != nullptr && *env != '\0') return env;
-  return std::string(TRIPOD_SOURCE_DIR) + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return TestSourceDir() + "/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
 
 }  // namespace tripod

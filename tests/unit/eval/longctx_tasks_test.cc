@@ -27,7 +27,7 @@ class LongCtxTasksTest : public ::testing::Test {
     gguf_ = GgufFile::Open(TestModelPath())->release();
     tokenizer_ = Tokenizer::FromGguf(*gguf_)->release();
     chat_ = new ChatTemplate(*DetectChatTemplate(*gguf_->GetString("tokenizer.chat_template")));
-    std::ifstream f(std::string(TRIPOD_SOURCE_DIR) + "/data/corpus/eval.txt");
+    std::ifstream f(TestSourceDir() + "/data/corpus/eval.txt");
     std::stringstream text;
     text << f.rdbuf();
     // A tenth of the corpus is plenty for 2k-token samples and tokenizes quickly.

@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/unit/test_source_dir.h"
 
 namespace tripod {
 namespace {
@@ -219,7 +220,7 @@ TEST(CheckoutDirsTest, IncludeTheSourceTree) {
   EXPECT_EQ(dirs.front(), std::filesystem::current_path().string());
   bool source = false;
   for (const std::string& d : dirs) {
-    source = source || fs::equivalent(d, TRIPOD_SOURCE_DIR);
+    source = source || fs::equivalent(d, TestSourceDir());
   }
   EXPECT_TRUE(source);
   EXPECT_FALSE(FetchModelScript().empty());

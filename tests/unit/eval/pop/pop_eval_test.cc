@@ -40,7 +40,7 @@ class PopAnalysisTest : public ::testing::Test {
 
   static std::vector<CorpusWindow> Windows(const std::string& file, std::vector<int> lengths,
                                            int continuation) {
-    auto text = ReadTextFile(TRIPOD_SOURCE_DIR "/data/corpus/" + file);
+    auto text = ReadTextFile(TestSourceDir() + "/data/corpus/" + file);
     EXPECT_TRUE(text.ok()) << text.status();
     auto w = CutWindows(*tok_, *text, lengths, continuation);
     EXPECT_TRUE(w.ok()) << w.status();
