@@ -27,6 +27,9 @@
 # runs at nice AIPERF_NICE (19): its processes poll, and at normal priority they took a large share
 # of a core from llama-server and doubled what it measured (docs/benchmarks.md, "Benchmark
 # harnesses"); serve.py's client needs almost none.
+# TRIPOD_PROFILE=1 adds each Tripod worker's per-op table (bench/profile_tables.py: time in each
+# op, the gaps between ops, the busy share) after each Tripod line; the profiler's own cost is a
+# clock read and a map update per op.
 # AIPERF=off measures with bench/serve.py only. In its lines output_tok_s is AIPerf's output token
 # throughput, ttft its time to first token, tpot_p50_ms the median of its per-request inter-token
 # latency ((E2E - TTFT) / (tokens - 1), as serve.py's TPOT), prompt_tokens and output_tokens the
@@ -313,6 +316,12 @@ run_tripod() {
     status=1
   fi
   stop_server
+  # Under TRIPOD_PROFILE=1 (inherited by the workers) each worker printed its per-op table as it
+  # stopped: one more JSON line per worker, labelled like the measurement's.
+  if [[ -n "${TRIPOD_PROFILE:-}" && "${TRIPOD_PROFILE}" != 0 ]]; then
+    "$python" bench/profile_tables.py --label bench=tripod_profile --label harness="$harness" \
+      --label server=tripod --label workload="$workload" "$tmp/tripod.log" || status=1
+  fi
 }
 for workload in c16_p512_o128 ttft_p2048; do
   for harness in "${harnesses[@]}"; do

@@ -1,6 +1,8 @@
 // ProfilingBackend; see profiling_backend.h.
 #include "common/compute/profiling_backend.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,6 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
 
 namespace tripod {
 namespace {
@@ -22,6 +26,22 @@ struct OpTotals {
   int64_t calls = 0;
   int64_t rows = 0;
   double seconds = 0;
+};
+
+// The time between one op's end and the next op's start, in three classes: under 1 ms is the
+// host's own work inside a step (sampling, batch assembly, the KV manager), up to 1 s mostly
+// waiting on another process or thread within a burst (a transfer, a core lent away), beyond
+// that idle. A served process's busy share over a burst is its op time over op time plus the
+// first two classes.
+struct GapTotals {
+  static constexpr double kStepGap = 1e-3, kIdleGap = 1.0;
+  int64_t count[3] = {0, 0, 0};
+  double seconds[3] = {0, 0, 0};
+  void Add(double s) {
+    const int c = s < kStepGap ? 0 : s < kIdleGap ? 1 : 2;
+    ++count[c];
+    seconds[c] += s;
+  }
 };
 
 class ProfilingBackend final : public Backend {
@@ -124,10 +144,13 @@ class ProfilingBackend final : public Backend {
   void Timed(const std::string& op, int64_t rows, F&& f) {
     if (synchronize_) inner_->Synchronize();
     const Clock::time_point t0 = Clock::now();
+    if (any_op_) gaps_.Add(std::chrono::duration<double>(t0 - last_end_).count());
     f();
     if (synchronize_) inner_->Synchronize();
+    last_end_ = Clock::now();
+    any_op_ = true;
     OpTotals& t = totals_[op];
-    t.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+    t.seconds += std::chrono::duration<double>(last_end_ - t0).count();
     ++t.calls;
     t.rows += rows;
   }
@@ -138,13 +161,24 @@ class ProfilingBackend final : public Backend {
               [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
     double total = 0;
     for (const auto& [op, t] : rows) total += t.seconds;
-    std::fprintf(out_, "TRIPOD_PROFILE %s: %.3f s in backend ops\n", inner_->name().c_str(), total);
-    std::fprintf(out_, "  %-34s %10s %12s %11s %6s\n", "op", "calls", "rows", "total ms", "share");
+    // The process is named by its logger (tripod-prefill, tripod-decode, ...) and pid, so that
+    // the tables of `tripod serve`'s workers, which share one stderr, can be told apart; the table
+    // goes out in one write so that they do not interleave.
+    std::string text = absl::StrFormat(
+        "TRIPOD_PROFILE %s: %.3f s in backend ops [%s pid %d]\n"
+        "  between ops: %.3f s in %lld gaps under 1 ms, %.3f s in %lld of 1 ms to 1 s, %.3f s in "
+        "%lld over 1 s\n",
+        inner_->name(), total, spdlog::default_logger()->name(), static_cast<int>(getpid()),
+        gaps_.seconds[0], static_cast<long long>(gaps_.count[0]), gaps_.seconds[1],
+        static_cast<long long>(gaps_.count[1]), gaps_.seconds[2],
+        static_cast<long long>(gaps_.count[2]));
+    absl::StrAppendFormat(&text, "  %-34s %10s %12s %11s %6s\n", "op", "calls", "rows", "total ms",
+                          "share");
     for (const auto& [op, t] : rows) {
-      std::fprintf(out_, "  %-34s %10lld %12lld %11.1f %5.1f%%\n", op.c_str(),
-                   static_cast<long long>(t.calls), static_cast<long long>(t.rows), 1e3 * t.seconds,
-                   total > 0 ? 100.0 * t.seconds / total : 0.0);
+      absl::StrAppendFormat(&text, "  %-34s %10d %12d %11.1f %5.1f%%\n", op, t.calls, t.rows,
+                            1e3 * t.seconds, total > 0 ? 100.0 * t.seconds / total : 0.0);
     }
+    std::fwrite(text.data(), 1, text.size(), out_);
     std::fflush(out_);
   }
 
@@ -153,6 +187,9 @@ class ProfilingBackend final : public Backend {
   std::FILE* out_;
   bool synchronize_;
   std::map<std::string, OpTotals> totals_;
+  GapTotals gaps_;
+  bool any_op_ = false;
+  Clock::time_point last_end_;
 };
 
 }  // namespace

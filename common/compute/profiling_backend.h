@@ -1,5 +1,6 @@
 // Per-op timing for any Backend: a decorator that times each call and, when it is destroyed,
-// prints a table (op, calls, rows, total ms, share) to stderr. Turned on by the environment
+// prints a table (op, calls, rows, total ms, share, and the time between ops by length) to
+// stderr, headed by the process's logger name and pid. Turned on by the environment
 // variable TRIPOD_PROFILE=1 where engines make their backend (MaybeProfile), so that a slow
 // step can be taken apart without a sampling profiler. Calls are timed on the host clock, which
 // is right for the CPU backend (synchronous); an asynchronous backend would need its own events.

@@ -216,21 +216,25 @@ def wait_until(pred, timeout, what):
 class Serve:
   """`tripod serve` as a user runs it, for a `with` block: started in its own session with
   --port=0 and the given flags, its URL taken from its first stdout line (bounded wait), its stderr
-  kept in `stderr_lines`; when the block ends it gets SIGTERM, then its process group SIGKILL if
-  it lingers. `url` is the API's base (http://127.0.0.1:N/v1)."""
+  kept in `stderr_lines` (whole once `stderr_reader` ends); `env` replaces the environment; when
+  the block ends it gets SIGTERM, then its process group SIGKILL if it lingers. `url` is the API's
+  base (http://127.0.0.1:N/v1)."""
 
-  def __init__(self, *flags, model=None, start_timeout=120):
+  def __init__(self, *flags, model=None, start_timeout=120, env=None):
     self.cmd = [binary("tripod"), "serve", "--port=0", f"--model={model or MODEL}", *flags]
     self.start_timeout = start_timeout
+    self.env = env
+    self.stderr_reader = None
     self.proc = None
     self.url = None
     self.stderr_lines = []
 
   def __enter__(self):
     self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, start_new_session=True)
-    threading.Thread(target=lambda: self.stderr_lines.extend(self.proc.stderr),
-                     daemon=True).start()
+                                 text=True, start_new_session=True, env=self.env)
+    self.stderr_reader = threading.Thread(
+        target=lambda: self.stderr_lines.extend(self.proc.stderr), daemon=True)
+    self.stderr_reader.start()
     try:
       line = {}
       t = threading.Thread(target=lambda: line.update(url=self.proc.stdout.readline()),

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,31 @@ TEST(ProfilingBackendTest, SameLogitsAndEveryOpCounted) {
   EXPECT_EQ(count_of("linear 960x576 m<=16"), 60) << text;
   EXPECT_EQ(count_of(absl::StrCat("linear ", 49152, "x576 m<=16")), 2) << text;
   EXPECT_NE(text.find("TRIPOD_PROFILE"), std::string::npos) << text;
+
+  // Every op but the first follows a gap, counted in one of the three classes.
+  // The op rows follow the column heads; calls is the fourth field from the right.
+  long calls = 0;
+  std::istringstream lines(text.substr(text.find('\n', text.find("share")) + 1));
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::vector<std::string> f;
+    for (std::string w; fields >> w;) f.push_back(w);
+    ASSERT_GE(f.size(), 5u) << line;
+    calls += std::stol(f[f.size() - 4]);
+  }
+  long gaps[3];
+  double gap_s[3];
+  const size_t between = text.find("between ops:");
+  ASSERT_NE(between, std::string::npos) << text;
+  ASSERT_EQ(std::sscanf(text.c_str() + between,
+                        "between ops: %lf s in %ld gaps under 1 ms, %lf s in %ld of 1 ms to 1 s, "
+                        "%lf s in %ld over 1 s",
+                        &gap_s[0], &gaps[0], &gap_s[1], &gaps[1], &gap_s[2], &gaps[2]),
+            6)
+      << text;
+  EXPECT_GT(calls, 300) << text;
+  EXPECT_EQ(gaps[0] + gaps[1] + gaps[2], calls - 1) << text;
+  for (double s : gap_s) EXPECT_GE(s, 0.0) << text;
 }
 
 }  // namespace
