@@ -9,7 +9,7 @@
 #   [LLAMA_SERVER=/path/to/llama-server] [THREADS=cores] [TRIPOD_THREADS=] [MODEL=...gguf] \
 #     [TRIPOD=build/release/tripod] [TRIPOD_FLAGS=] [PORT=18400] [TTFT_PROMPTS=8] [AIPERF=path|off] \
 #     [LLAMA_SERVER_FLAGS="..."] [QUIET_PCT=10] [QUIET_WAIT=600] [AIPERF_NICE=19] \
-#     bench/compare_llamaserver.sh
+#     [WORKLOADS="c16_p512_o128 ttft_p2048"] bench/compare_llamaserver.sh
 # Workloads:
 #   c16_p512_o128  16 requests at once, 512-token prompts, 128 output tokens each (ignore_eos):
 #                  output tokens/s, TTFT, TPOT. llama-server: -np 16 and 16 x (512+128+64) tokens
@@ -58,6 +58,11 @@ quiet_pct=${QUIET_PCT:-10}
 quiet_wait=${QUIET_WAIT:-600}
 aiperf_nice=${AIPERF_NICE:-19}
 read -r -a llama_flags <<<"${LLAMA_SERVER_FLAGS:-}"
+read -r -a workloads <<<"${WORKLOADS:-c16_p512_o128 ttft_p2048}"
+for w in "${workloads[@]}"; do
+  [[ "$w" == c16_p512_o128 || "$w" == ttft_p2048 ]] ||
+    { echo "compare_llamaserver: unknown workload $w (WORKLOADS)" >&2; exit 2; }
+done
 python=build/venv/bin/python
 aiperf=${AIPERF:-build/aiperf-venv/bin/aiperf}
 
@@ -323,7 +328,7 @@ run_tripod() {
       --label server=tripod --label workload="$workload" "$tmp/tripod.log" || status=1
   fi
 }
-for workload in c16_p512_o128 ttft_p2048; do
+for workload in "${workloads[@]}"; do
   for harness in "${harnesses[@]}"; do
     run_tripod "$workload" "$harness"
   done
@@ -348,7 +353,7 @@ if [[ -n "${LLAMA_SERVER:-}" ]]; then
     fi
     stop_server
   }
-  for workload in c16_p512_o128 ttft_p2048; do
+  for workload in "${workloads[@]}"; do
     for harness in "${harnesses[@]}"; do
       case "$workload" in
         c16_p512_o128) run_llama "$workload" "$harness" 16 $((16 * (512 + 128 + 64))) ;;

@@ -94,6 +94,11 @@ ABSL_FLAG(int, method_min_tokens, -1,
 ABSL_FLAG(bool, lend_cores, true,
           "serve: with the cores split (--threads 0), a worker with no work lends its CPUs to the "
           "others (a lone prompt prefills on all of them); false: each keeps its own");
+ABSL_FLAG(int, yield_to_prefill_ms, 1000,
+          "serve: with the cores lent (--lend_cores), while prompts queue at a prefill or draft "
+          "worker the decode worker holds back steps of streams already started for at most this "
+          "long, lending its cores to the prefill (new requests' first tokens still come at "
+          "once); 0: decode steps never wait");
 ABSL_FLAG(bool, fetch, false,
           "serve: fetch a catalogue model (--model, --draft_model) that is not here yet with "
           "scripts/fetch_model first (scripts/serve sets it)");
@@ -538,6 +543,9 @@ absl::Status ServeMain() {
   if (absl::GetFlag(FLAGS_method_min_tokens) < -1) {
     return absl::InvalidArgumentError("--method_min_tokens must be -1 or more");
   }
+  if (absl::GetFlag(FLAGS_yield_to_prefill_ms) < 0) {
+    return absl::InvalidArgumentError("--yield_to_prefill_ms must not be negative");
+  }
   if (absl::GetFlag(FLAGS_draft_layers) < 0) {
     return absl::InvalidArgumentError("--draft_layers must not be negative");
   }
@@ -649,6 +657,8 @@ absl::Status ServeMain() {
   for (int i = 0; i < n_decode; ++i) {
     Child c{.name = absl::StrCat("decode-", i), .binary = dir + "/tripod-decode", .args = common};
     c.args.push_back("--kv_cache_dtype=" + absl::GetFlag(FLAGS_kv_cache_dtype));
+    c.args.push_back(
+        absl::StrCat("--yield_to_prefill_ms=", absl::GetFlag(FLAGS_yield_to_prefill_ms)));
     tls(c, "decode");
     assign_cpus(c);
     decoders.push_back(&sup.Add(std::move(c)));

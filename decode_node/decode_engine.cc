@@ -872,6 +872,8 @@ void DecodeEngine::Loop() {
     if (b != busy) SetComputeBusy(b);
     busy = b;
   };
+  const double max_yield_s = options_.yield_to_prefill_ms / 1e3;
+  double last_step = Now();
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -885,9 +887,21 @@ void DecodeEngine::Loop() {
         set_busy(false);
         return;
       }
+      // Give way to a neighbour's queued prompts (DecodeEngineOptions::yield_to_prefill_ms):
+      // idle, so that its prefill takes these CPUs too, until its queue empties, something new
+      // arrives (the shared flag is polled: it has no wake-up) or the streams waited long enough.
+      if (max_yield_s > 0 && incoming_.empty() && cancels_.empty() && tasks_.empty() &&
+          Now() - last_step < max_yield_s && CoreShareOthersBacklogged() && OnlyStartedStreams()) {
+        set_busy(false);
+        const double t0 = Now();
+        cv_.WaitWithTimeout(&mu_, absl::Milliseconds(2));
+        stats_.yielded_seconds += Now() - t0;
+        continue;
+      }
     }
     set_busy(true);
     absl::Status s = Step();
+    last_step = Now();
     if (!s.ok()) Logger("decode.engine").error("step failed: {}", s.ToString());
     MutexLock lock(&mu_);
     if (stats_.steps == steps && incoming_.empty() && cancels_.empty() && tasks_.empty() &&
@@ -898,6 +912,14 @@ void DecodeEngine::Loop() {
     }
     steps = stats_.steps;
   }
+}
+
+bool DecodeEngine::OnlyStartedStreams() const {
+  if (!queues_.waiting.empty()) return false;
+  for (const SchedSeq* q : queues_.running) {
+    if (static_cast<int>(q->tokens.size()) <= q->n_prompt) return false;  // no token out yet
+  }
+  return true;
 }
 
 void DecodeEngine::Start() {

@@ -68,6 +68,13 @@ struct DecodeEngineOptions {
   int max_tokens_per_step = 256;
   int max_running = 128;   // sequences in the batch at most
   int context_tokens = 0;  // 0: the model's context length
+  // In a core share (core_share.h), while a neighbour (a prefill or draft worker) has prompts
+  // queued, the loop holds back steps that would only advance streams already started, lending
+  // its CPUs to the neighbour's prefill, for at most this long between two steps; a new sequence
+  // (its first token), a cancel or a posted task runs a step at once. 0: never holds back. Why:
+  // on a few cores a burst's small decode steps and its prefill share the same CPUs, and the
+  // steps, reading every weight for a handful of rows, buy far less than the prefill they slow.
+  int yield_to_prefill_ms = 0;
 };
 
 struct DecodeEngineStats {
@@ -83,6 +90,7 @@ struct DecodeEngineStats {
   int max_batch_seqs = 0;        // most sequences in one step
   double forward_seconds = 0;    // time in Forward
   double step_seconds = 0;       // time in Step (schedule + forward + sampling + callbacks)
+  double yielded_seconds = 0;    // time the loop held back steps for a neighbour's prefill
   // Now (as of the last step or engine task; waiting also counts submissions not taken in yet):
   int waiting = 0;
   int running = 0;
@@ -205,6 +213,9 @@ class DecodeEngine {
   // The prompt log-probabilities of this step's rows, one event per sequence (engine thread).
   void EmitPromptLogprobs(const StepSchedule& sched, std::span<const ChunkLogits> rows);
   void Loop();
+  // Whether the loop may hold back its next step for a neighbour's queued prompts: only started
+  // streams would run (engine thread; the caller checked incoming_, cancels_ and tasks_).
+  bool OnlyStartedStreams() const;
   // One chunk of a sequence under a POP control, through the control's plans; *logits gets its
   // last row's logits when the chunk wants them (engine thread).
   absl::Status RunControlledChunk(const ScheduledChunk& c, std::vector<float>* logits);

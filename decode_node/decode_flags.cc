@@ -21,6 +21,10 @@ ABSL_FLAG(std::string, kv_links, "nccl,ipc",
           "comma-separated: nccl (with --backend cuda, in a build with NCCL) | ipc (a prefill "
           "worker on this worker's device: a shared buffer, in NCCL's place) | tcp (tests: the "
           "same protocol over TCP, for a KV out of the host's reach without a GPU) | none");
+ABSL_FLAG(int, yield_to_prefill_ms, 1000,
+          "in a core share (--core_share), while a prefill or draft worker has prompts queued, "
+          "hold back steps of streams already started for at most this long, lending the CPUs "
+          "to the prefill (new requests still run at once); 0: never");
 ABSL_FLAG(int64_t, lease_ms, 30000,
           "default lease of a KV reservation: freed unless adopted by then (Reserve may ask for "
           "another)");
@@ -30,6 +34,9 @@ namespace tripod {
 absl::StatusOr<DecodeFlags> DecodeFlagsFromCommandLine(const WorkerProcess& process) {
   if (absl::GetFlag(FLAGS_kv_budget_mb) <= 0) {
     return absl::InvalidArgumentError("--kv_budget_mb must be > 0");
+  }
+  if (absl::GetFlag(FLAGS_yield_to_prefill_ms) < 0) {
+    return absl::InvalidArgumentError("--yield_to_prefill_ms must be >= 0");
   }
   if (absl::GetFlag(FLAGS_lease_ms) <= 0) {
     return absl::InvalidArgumentError("--lease_ms must be > 0");
@@ -45,6 +52,7 @@ absl::StatusOr<DecodeFlags> DecodeFlagsFromCommandLine(const WorkerProcess& proc
   eo.block_tokens = absl::GetFlag(FLAGS_block_tokens);
   eo.max_running = absl::GetFlag(FLAGS_max_running);
   eo.max_tokens_per_step = absl::GetFlag(FLAGS_max_tokens_per_step);
+  eo.yield_to_prefill_ms = absl::GetFlag(FLAGS_yield_to_prefill_ms);
   DecodeServiceOptions& so = f.service;
   so.transfers.default_lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
   so.transfers.max_lease = std::max(so.transfers.max_lease, so.transfers.default_lease);

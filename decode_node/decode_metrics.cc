@@ -127,6 +127,10 @@ void DecodeMetrics::AddGauges(const DecodeEngine& engine, const KvTransfers& tra
   r.AddCallbackCounter("tripod:prefix_cache_hits_total",
                        "Tokens whose KV the prefix cache held at admission", kRole,
                        [e] { return static_cast<double>(e->stats().prefix_hit_slots); });
+  r.AddCallbackCounter("tripod:decode_yielded_seconds_total",
+                       "Seconds the decode loop held back steps for a neighbour's queued prompts "
+                       "(--yield_to_prefill_ms)",
+                       kRole, [e] { return e->stats().yielded_seconds; });
   const KvTransfers* t = &transfers;
   r.AddCallbackGauge("tripod:kv_reservations_active",
                      "KV reservations awaiting, receiving or holding a transfer", kRole,

@@ -143,6 +143,7 @@ class JobQueue : public Drainable {
     job.accepted = std::chrono::steady_clock::now();
     auto ticket = std::make_shared<Ticket>(std::move(job));
     queue_.push_back(ticket);
+    MarkBacklog();
     cv_.SignalAll();
     return ticket;
   }
@@ -187,6 +188,7 @@ class JobQueue : public Drainable {
                                    " cancelled: the ", options_.name, " worker is shutting down")));
       }
       queue_.clear();
+      MarkBacklog();
       if (running_ != nullptr) running_->cancel_.Cancel();
       for (const std::shared_ptr<Ticket>& t : finishing_) t->cancel_.Cancel();
       stop_ = true;
@@ -259,11 +261,22 @@ class JobQueue : public Drainable {
     return nullptr;
   }
 
+  // Tells the core share whether jobs wait behind the running one (or, with none running, more
+  // than the one the loop takes next): a decode worker beside gives way to a queue of prompts
+  // (core_share.h). Marks only changes, so that a process's other queues keep their own.
+  void MarkBacklog() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool queued = queue_.size() > (running_ == nullptr ? 1u : 0u);
+    if (queued == backlog_marked_) return;
+    backlog_marked_ = queued;
+    SetCoreShareBacklog(queued);
+  }
+
   bool CancelLocked(const Ticket& ticket, bool queued_only) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (it->get() != &ticket) continue;
       std::shared_ptr<Ticket> t = std::move(*it);
       queue_.erase(it);
+      MarkBacklog();
       t->Complete(
           CancelledOutcome(t->job(), absl::StrCat(options_.name, " request ", t->job().request_id,
                                                   " cancelled while queued")));
@@ -324,6 +337,7 @@ class JobQueue : public Drainable {
         t = std::move(queue_.front());
         queue_.pop_front();
         running_ = t;
+        MarkBacklog();
       }
       RunResult r;
       {
@@ -333,6 +347,7 @@ class JobQueue : public Drainable {
       {
         MutexLock lock(&mu_);
         running_ = nullptr;
+        MarkBacklog();
         cv_.SignalAll();
         if (r.finish) {
           Finish(std::move(t), std::move(r.finish));
@@ -353,6 +368,7 @@ class JobQueue : public Drainable {
   std::list<Finisher> finishers_ ABSL_GUARDED_BY(mu_);  // joined outside mu_
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool backlog_marked_ ABSL_GUARDED_BY(mu_) = false;  // MarkBacklog's last word
 
   std::thread thread_;
   Mutex shutdown_mu_;  // one Shutdown at a time

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -22,10 +23,11 @@ namespace tripod {
 namespace {
 
 constexpr uint64_t kMagic = 0x5452504443525331ull;  // "TRPDCRS1"
-constexpr int32_t kVersion = 1;
+constexpr int32_t kVersion = 2;
 
 struct Slot {
-  int32_t busy;  // a bit per member computing; accessed through std::atomic_ref only
+  int32_t busy;     // a bit per member computing; accessed through std::atomic_ref only
+  int32_t backlog;  // a bit per member with work queued; the same
   int32_t n_cpus;
   int32_t cpus[kCoreShareMaxCpusPerSlot];
 };
@@ -43,7 +45,7 @@ static_assert(std::atomic_ref<int32_t>::is_always_lock_free,
 struct Joined {
   ShareFile* file = nullptr;  // mapped for the process's lifetime, never unmapped
   int slot = -1;
-  int32_t bit = 1;         // this member's bit of the slot's busy word
+  int32_t bit = 1;         // this member's bit of the slot's busy and backlog words
   std::vector<int> order;  // own CPUs first, then the following slots'
   std::vector<int> home;
 };
@@ -54,6 +56,21 @@ std::atomic<bool> g_in_share{false};
 
 Mutex g_busy_mu;  // makes "count changes" and "flag written" one step
 int g_busy_count ABSL_GUARDED_BY(g_busy_mu) = 0;
+int g_backlog_count ABSL_GUARDED_BY(g_busy_mu) = 0;
+
+// Counts a process-wide mark up or down (never below zero) and sets or clears this member's bit
+// of the slot's `word` when the count leaves or reaches zero.
+void CountMark(int& count, bool up, int32_t Slot::*word) ABSL_EXCLUSIVE_LOCKS_REQUIRED(g_busy_mu) {
+  const int before = count;
+  count = std::max(0, count + (up ? 1 : -1));  // an unmatched (false) stays at zero
+  if ((before > 0) == (count > 0)) return;
+  std::atomic_ref<int32_t> bits(g_joined.file->slots[g_joined.slot].*word);
+  if (count > 0) {
+    bits.fetch_or(g_joined.bit, std::memory_order_relaxed);
+  } else {
+    bits.fetch_and(~g_joined.bit, std::memory_order_relaxed);
+  }
+}
 
 int32_t LoadBusy(Slot& s) {
   return std::atomic_ref<int32_t>(s.busy).load(std::memory_order_relaxed);
@@ -148,9 +165,10 @@ absl::Status JoinCoreShare(const std::string& path, int slot, int member) {
       if (k == 0) j.home.push_back(s.cpus[c]);
     }
   }
-  // A worker restarted after a crash finds its bit set by its predecessor: it is idle (the slot's
-  // other members keep theirs).
+  // A worker restarted after a crash finds its bits set by its predecessor: it is idle, with
+  // nothing queued (the slot's other members keep theirs).
   std::atomic_ref<int32_t>(file->slots[slot].busy).fetch_and(~j.bit, std::memory_order_relaxed);
+  std::atomic_ref<int32_t>(file->slots[slot].backlog).fetch_and(~j.bit, std::memory_order_relaxed);
   g_joined = std::move(j);
   g_in_share.store(true);
   return absl::OkStatus();
@@ -177,17 +195,23 @@ int CoreShareThreads() {
 void SetComputeBusy(bool busy) {
   if (!InCoreShare()) return;
   MutexLock lock(&g_busy_mu);
-  const int before = g_busy_count;
-  g_busy_count += busy ? 1 : -1;
-  if (g_busy_count < 0) g_busy_count = 0;  // an unmatched (false): stay idle, never negative
-  if ((before > 0) != (g_busy_count > 0)) {
-    std::atomic_ref<int32_t> word(g_joined.file->slots[g_joined.slot].busy);
-    if (g_busy_count > 0) {
-      word.fetch_or(g_joined.bit, std::memory_order_relaxed);
-    } else {
-      word.fetch_and(~g_joined.bit, std::memory_order_relaxed);
-    }
+  CountMark(g_busy_count, busy, &Slot::busy);
+}
+
+void SetCoreShareBacklog(bool queued) {
+  if (!InCoreShare()) return;
+  MutexLock lock(&g_busy_mu);
+  CountMark(g_backlog_count, queued, &Slot::backlog);
+}
+
+bool CoreShareOthersBacklogged() {
+  if (!InCoreShare()) return false;
+  ShareFile& f = *g_joined.file;
+  for (int k = 1; k < f.n_slots; ++k) {
+    Slot& s = f.slots[(g_joined.slot + k) % f.n_slots];
+    if (std::atomic_ref<int32_t>(s.backlog).load(std::memory_order_relaxed) != 0) return true;
   }
+  return false;
 }
 
 ComputeBusy::ComputeBusy() { SetComputeBusy(true); }

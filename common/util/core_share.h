@@ -70,4 +70,15 @@ class ComputeBusy {
 // outside a share.
 void SetComputeBusy(bool busy);
 
+// Says whether this process has work queued behind what it runs now (a prefill or draft worker's
+// waiting prompts): it has while the count of SetCoreShareBacklog(true) exceeds that of (false),
+// so that each queue of a process marks its own. A decode worker reads it to give way: while a
+// neighbour's prompts queue, its CPUs do more for the burst in the neighbour's prefill than in
+// small decode steps (DecodeEngineOptions::yield_to_prefill_ms). No-op outside a share.
+void SetCoreShareBacklog(bool queued);
+
+// Whether any other slot of the share has a member with work queued. False outside a share.
+// Lock-free.
+bool CoreShareOthersBacklogged();
+
 }  // namespace tripod

@@ -288,6 +288,9 @@ TEST_F(DecodeServiceTest, TransferredKvGivesTheLocalPrefillsTokens) {
   EXPECT_NE(text.find("tripod:prefix_cache_queries_total{role=\"decode\"} 70"), std::string::npos);
   EXPECT_NE(text.find("tripod:prefix_cache_hits_total{role=\"decode\"} 0"), std::string::npos);
   EXPECT_NE(text.find("tripod:num_preemptions_total{role=\"decode\"} 0"), std::string::npos);
+  // No core share here: the loop never holds back.
+  EXPECT_NE(text.find("tripod:decode_yielded_seconds_total{role=\"decode\"} 0\n"),
+            std::string::npos);
   EXPECT_NE(text.find("tripod:kv_cache_usage_perc{role=\"decode\"} 0\n"), std::string::npos);
   EXPECT_NE(text.find("tripod:num_requests_running{role=\"decode\"} 0"), std::string::npos);
 }

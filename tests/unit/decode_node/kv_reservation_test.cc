@@ -43,11 +43,7 @@ struct Stream {
 };
 
 DecodeRequest Greedy(std::vector<int32_t> prompt, int max_tokens, Stream* out) {
-  DecodeRequest r;
-  r.prompt = std::move(prompt);
-  r.sampling.temperature = 0;
-  r.max_tokens = max_tokens;
-  r.ignore_eos = true;
+  DecodeRequest r = GreedyRequest(std::move(prompt), max_tokens);
   r.on_event = [out](const TokenEvent& ev) {
     EXPECT_EQ(out->finish, FinishReason::kNone) << "event after the finish";
     if (ev.token >= 0) out->tokens.push_back(ev.token);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/util/thread_pool.h"
+#include "tests/unit/common/util/core_share_neighbour.h"
 
 namespace tripod {
 namespace {
@@ -28,69 +29,6 @@ std::string SharePath(const char* name) {
           (std::string("tripod_core_share_") + name + "_" + std::to_string(getpid())))
       .string();
 }
-
-// Fails the child with a message and a distinct exit code.
-#define CHILD_CHECK(cond)                                                     \
-  do {                                                                        \
-    if (!(cond)) {                                                            \
-      std::fprintf(stderr, "check failed at line %d: %s\n", __LINE__, #cond); \
-      std::_Exit(1);                                                          \
-    }                                                                         \
-  } while (0)
-
-// A neighbour worker: a process forked before the caller joins (a fork inherits a joined share)
-// that obeys one-byte commands, answering each once it is done: 'j' join `slot` (answers 1 on
-// success), 'b' busy, 'i' idle, 't' its CoreShareThreads(), 'q' exit, 'x' exit still busy (as a
-// crashed worker would).
-struct Neighbour {
-  pid_t pid = -1;
-  int to = -1, from = -1;
-
-  static Neighbour Start(const std::string& path, int slot, int member = 0) {
-    int cmd[2], ack[2];
-    if (pipe(cmd) != 0 || pipe(ack) != 0) std::_Exit(2);
-    Neighbour n;
-    n.pid = fork();
-    if (n.pid == 0) {
-      close(cmd[1]);
-      close(ack[0]);
-      char c;
-      while (read(cmd[0], &c, 1) == 1) {
-        char reply = 1;
-        if (c == 'j') reply = JoinCoreShare(path, slot, member).ok() ? 1 : 0;
-        if (c == 'b') SetComputeBusy(true);
-        if (c == 'i') SetComputeBusy(false);
-        if (c == 't') reply = static_cast<char>(CoreShareThreads());
-        if (c == 'q') SetComputeBusy(false);
-        if (write(ack[1], &reply, 1) != 1) std::_Exit(4);
-        if (c == 'q' || c == 'x') std::_Exit(0);
-      }
-      std::_Exit(0);
-    }
-    close(cmd[0]);
-    close(ack[1]);
-    n.to = cmd[1];
-    n.from = ack[0];
-    return n;
-  }
-  int Reply() const {
-    char r = 0;
-    CHILD_CHECK(read(from, &r, 1) == 1);
-    return r;
-  }
-  int Ask(char c) const {
-    CHILD_CHECK(write(to, &c, 1) == 1);
-    return Reply();
-  }
-  void Exit(char how) {
-    Ask(how);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    CHILD_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    close(to);
-    close(from);
-  }
-};
 
 int TeamSize() {
   std::atomic<int> team{0};
@@ -244,6 +182,56 @@ TEST_F(CoreShareTest, TheMembersOfASlotKeepItBusyWhileEitherComputes) {
         CHILD_CHECK(CoreShareThreads() == 2);
         prefill.Exit('q');
         draft.Exit('q');
+        std::filesystem::remove(path);
+        std::_Exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// The decode worker reads whether a neighbour has prompts queued: any member's mark, of any other
+// slot, never its own; a restarted member's mark is cleared, the other member's stands.
+TEST_F(CoreShareTest, AQueueMarkIsSeenByTheOtherSlotsOnly) {
+  EXPECT_EXIT(
+      {
+        const std::string path = SharePath("backlog");
+        CHILD_CHECK(CreateCoreShare(path, {{0}, {1}, {2}}).ok());
+        CHILD_CHECK(!CoreShareOthersBacklogged());  // not joined: never
+        Neighbour prefill = Neighbour::Start(path, 1, 0);
+        Neighbour draft = Neighbour::Start(path, 1, 1);
+        Neighbour crashed = Neighbour::Start(path, 1, 1);
+        Neighbour other = Neighbour::Start(path, 2, 0);
+        CHILD_CHECK(JoinCoreShare(path, 0).ok());
+        CHILD_CHECK(prefill.Ask('j') == 1);
+        CHILD_CHECK(crashed.Ask('j') == 1);
+        CHILD_CHECK(other.Ask('j') == 1);
+        CHILD_CHECK(!CoreShareOthersBacklogged());
+        SetCoreShareBacklog(true);  // its own mark is not a neighbour's
+        CHILD_CHECK(!CoreShareOthersBacklogged());
+        CHILD_CHECK(prefill.Ask('o') == 1 && other.Ask('o') == 1);
+        SetCoreShareBacklog(false);
+        CHILD_CHECK(prefill.Ask('o') == 0);
+        prefill.Ask('Q');
+        CHILD_CHECK(CoreShareOthersBacklogged());
+        CHILD_CHECK(prefill.Ask('o') == 0);  // its slot's own mark
+        CHILD_CHECK(other.Ask('o') == 1);
+        crashed.Ask('Q');
+        prefill.Ask('E');
+        CHILD_CHECK(CoreShareOthersBacklogged());  // either member's mark
+        crashed.Exit('x');
+        CHILD_CHECK(CoreShareOthersBacklogged());  // it died with work queued
+        CHILD_CHECK(draft.Ask('j') == 1);          // its successor starts with none
+        CHILD_CHECK(!CoreShareOthersBacklogged());
+        prefill.Ask('Q');
+        CHILD_CHECK(draft.Ask('j') == 0);  // joined already: refused, the marks unchanged
+        CHILD_CHECK(CoreShareOthersBacklogged());
+        other.Ask('Q');
+        prefill.Ask('E');
+        CHILD_CHECK(CoreShareOthersBacklogged());
+        other.Ask('E');
+        CHILD_CHECK(!CoreShareOthersBacklogged());
+        prefill.Exit('q');
+        draft.Exit('q');
+        other.Exit('q');
         std::filesystem::remove(path);
         std::_Exit(0);
       },
