@@ -97,8 +97,8 @@ ABSL_FLAG(bool, lend_cores, true,
 ABSL_FLAG(int, yield_to_prefill_ms, 1000,
           "serve: with the cores lent (--lend_cores), while prompts queue at a prefill or draft "
           "worker the decode worker holds back steps of streams already started for at most this "
-          "long, lending its cores to the prefill (new requests' first tokens still come at "
-          "once); 0: decode steps never wait");
+          "long (or four times its last step's time, if longer), lending its cores to the "
+          "prefill (new requests' first tokens still come at once); 0: decode steps never wait");
 ABSL_FLAG(bool, fetch, false,
           "serve: fetch a catalogue model (--model, --draft_model) that is not here yet with "
           "scripts/fetch_model first (scripts/serve sets it)");

@@ -861,6 +861,10 @@ absl::Status DecodeEngine::RunUntilIdle() {
   return first;
 }
 
+// While a neighbour's prompts queue, the decode loop's steps take at most 1 / (1 + kYieldSteps)
+// of the time (DecodeEngineOptions::yield_to_prefill_ms).
+constexpr double kYieldSteps = 4;
+
 void DecodeEngine::Loop() {
   // This thread has its own OpenMP team: pin its workers as start-up pinned the main thread's
   // (unpinned workers on a loaded machine pass each barrier only at a scheduler tick).
@@ -874,6 +878,7 @@ void DecodeEngine::Loop() {
   };
   const double max_yield_s = options_.yield_to_prefill_ms / 1e3;
   double last_step = Now();
+  double last_step_s = 0;  // how long the last step took
   while (true) {
     {
       MutexLock lock(&mu_);
@@ -890,8 +895,11 @@ void DecodeEngine::Loop() {
       // Give way to a neighbour's queued prompts (DecodeEngineOptions::yield_to_prefill_ms):
       // idle, so that its prefill takes these CPUs too, until its queue empties, something new
       // arrives (the shared flag is polled: it has no wake-up) or the streams waited long enough.
+      // A wait of at least kYieldSteps steps' time: where a step is slow (a large model on a
+      // slow CPU), the fixed bound alone would leave decode most of the cores.
+      const double bound = std::max(max_yield_s, kYieldSteps * last_step_s);
       if (max_yield_s > 0 && incoming_.empty() && cancels_.empty() && tasks_.empty() &&
-          Now() - last_step < max_yield_s && CoreShareOthersBacklogged() && OnlyStartedStreams()) {
+          Now() - last_step < bound && CoreShareOthersBacklogged() && OnlyStartedStreams()) {
         set_busy(false);
         const double t0 = Now();
         cv_.WaitWithTimeout(&mu_, absl::Milliseconds(2));
@@ -900,8 +908,10 @@ void DecodeEngine::Loop() {
       }
     }
     set_busy(true);
+    const double step_start = Now();
     absl::Status s = Step();
     last_step = Now();
+    last_step_s = last_step - step_start;
     if (!s.ok()) Logger("decode.engine").error("step failed: {}", s.ToString());
     MutexLock lock(&mu_);
     if (stats_.steps == steps && incoming_.empty() && cancels_.empty() && tasks_.empty() &&

@@ -70,7 +70,9 @@ struct DecodeEngineOptions {
   int context_tokens = 0;  // 0: the model's context length
   // In a core share (core_share.h), while a neighbour (a prefill or draft worker) has prompts
   // queued, the loop holds back steps that would only advance streams already started, lending
-  // its CPUs to the neighbour's prefill, for at most this long between two steps; a new sequence
+  // its CPUs to the neighbour's prefill, for at most this long between two steps (or four times
+  // the last step's time, where that is longer: steps then take at most a fifth of the time while
+  // the prompts queue); a new sequence
   // (its first token), a cancel or a posted task runs a step at once. 0: never holds back. Why:
   // on a few cores a burst's small decode steps and its prefill share the same CPUs, and the
   // steps, reading every weight for a handful of rows, buy far less than the prefill they slow.

@@ -23,8 +23,9 @@ ABSL_FLAG(std::string, kv_links, "nccl,ipc",
           "same protocol over TCP, for a KV out of the host's reach without a GPU) | none");
 ABSL_FLAG(int, yield_to_prefill_ms, 1000,
           "in a core share (--core_share), while a prefill or draft worker has prompts queued, "
-          "hold back steps of streams already started for at most this long, lending the CPUs "
-          "to the prefill (new requests still run at once); 0: never");
+          "hold back steps of streams already started for at most this long (or four times the "
+          "last step's time, if longer), lending the CPUs to the prefill (new requests still run "
+          "at once); 0: never");
 ABSL_FLAG(int64_t, lease_ms, 30000,
           "default lease of a KV reservation: freed unless adopted by then (Reserve may ask for "
           "another)");
