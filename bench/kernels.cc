@@ -484,8 +484,12 @@ void BenchModelPass() {
               path->c_str(), bytes / 1e6);
   std::printf("| mode | m | read GB/s | pass GB/s | floor tok/s | pass tok/s | share (median) |\n");
   std::printf("|---|---:|---:|---:|---:|---:|---:|\n");
+  // Batched decode's candidates too (bf16, int16, the fp32 tile): which one a CPU should take
+  // for 4 and 16 rows is this table's question (cpu_backend.cc, CpuOptionsForPrecision).
   for (const auto& [mode, m] : {std::pair{GemvMode::kInt16, 1}, std::pair{GemvMode::kInt8, 1},
-                                std::pair{GemvMode::kBf16, 4}, std::pair{GemvMode::kBf16, 16}}) {
+                                std::pair{GemvMode::kBf16, 4}, std::pair{GemvMode::kInt16, 4},
+                                std::pair{GemvMode::kBf16, 16}, std::pair{GemvMode::kInt16, 16},
+                                std::pair{GemvMode::kF32Tile, 16}}) {
     const Alternated a = Alternate(read_pass, [&] {
       for (const auto& c : calls) QuantGemm(c, x.data(), m, max_k, y.data(), max_n, mode, false);
     });
@@ -504,9 +508,12 @@ void BenchModelPass() {
 
 // One real matrix's rows held in L2 (--what=cached --model M), one thread: the decode kernels'
 // multiply-accumulate rate per weight type and row count, without DRAM, beside a loop of
-// independent vdpbf16ps and vpdpwssd (the core's peak for each). Says whether a kernel that runs
-// below its share of the DRAM read in the model pass is bound by its instructions or by memory.
-__attribute__((target("avx512f,avx512bf16,avx512vnni"))) double PeakMacsPerSecond(bool bf16) {
+// independent vdpbf16ps, vpdpwssd and fp32 FMAs (the core's peak for each). Says whether a kernel
+// that runs below its share of the DRAM read in the model pass is bound by its instructions or by
+// memory, and whether bf16 products pay on this core at all (cpu_features.h, bf16_dot_fast).
+enum class PeakOp { kBf16, kInt16, kF32 };
+
+__attribute__((target("avx512f,avx512bf16,avx512vnni"))) double PeakMacsPerSecond(PeakOp op) {
   __m512 a[16];
   __m512i b[16];
   for (int i = 0; i < 16; ++i) {
@@ -514,18 +521,21 @@ __attribute__((target("avx512f,avx512bf16,avx512vnni"))) double PeakMacsPerSecon
     b[i] = _mm512_setzero_si512();
   }
   __m512i w = _mm512_set1_epi16(0x3f80), x = _mm512_set1_epi16(0x3f80);
+  __m512 wf = _mm512_set1_ps(1e-9f), xf = _mm512_set1_ps(1e-9f);
   const int64_t n = 20000000;
   const double t0 = Now();
   for (int64_t k = 0; k < n; ++k) {
 #pragma GCC unroll 16
     for (int i = 0; i < 16; ++i) {
-      if (bf16) {
+      if (op == PeakOp::kBf16) {
         a[i] = _mm512_dpbf16_ps(a[i], (__m512bh)w, (__m512bh)x);
-      } else {
+      } else if (op == PeakOp::kInt16) {
         b[i] = _mm512_dpwssd_epi32(b[i], w, x);
+      } else {
+        a[i] = _mm512_fmadd_ps(wf, xf, a[i]);
       }
     }
-    asm volatile("" : "+v"(w), "+v"(x));
+    asm volatile("" : "+v"(w), "+v"(x), "+v"(wf), "+v"(xf));
   }
   const double t = Now() - t0;
   alignas(64) float fa[16];
@@ -537,7 +547,8 @@ __attribute__((target("avx512f,avx512bf16,avx512vnni"))) double PeakMacsPerSecon
     sum += fa[i] + static_cast<float>(ib[i]);
   }
   asm volatile("" : : "m"(sum));
-  return n * 16 * 32 / t;  // 32 multiply-adds per instruction
+  // Multiply-adds per instruction: 32 pairs for the dot products, 16 lanes for the FMA.
+  return n * 16 * (op == PeakOp::kF32 ? 16 : 32) / t;
 }
 
 void BenchCached() {
@@ -545,10 +556,13 @@ void BenchCached() {
   const ModelWeights* weights = &model.weights;
   SetComputeThreads(1);
   const bool vnni = GetCpuFeatures().avx512bf16 && ActiveIsa() >= IsaLevel::kAvx512;
-  const double peak_bf16 = vnni ? PeakMacsPerSecond(true) : 0;
-  const double peak_i16 = vnni ? PeakMacsPerSecond(false) : 0;
-  std::printf("\n## One matrix in L2, one thread (peak: vdpbf16ps %.1f, vpdpwssd %.1f GMAC/s)\n\n",
-              peak_bf16 / 1e9, peak_i16 / 1e9);
+  const double peak_bf16 = vnni ? PeakMacsPerSecond(PeakOp::kBf16) : 0;
+  const double peak_i16 = vnni ? PeakMacsPerSecond(PeakOp::kInt16) : 0;
+  const double peak_f32 = vnni ? PeakMacsPerSecond(PeakOp::kF32) : 0;
+  std::printf(
+      "\n## One matrix in L2, one thread (peak: vdpbf16ps %.1f, vpdpwssd %.1f, fp32 FMA %.1f "
+      "GMAC/s)\n\n",
+      peak_bf16 / 1e9, peak_i16 / 1e9, peak_f32 / 1e9);
   std::printf("| matrix | type | rows x k | KB | mode | m | us | GMAC/s | of peak |\n");
   std::printf("|---|---|---|---:|---|---:|---:|---:|---:|\n");
   const LayerWeights& l = weights->layers[0];

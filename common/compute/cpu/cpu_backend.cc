@@ -511,16 +511,20 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
   if (precision == "fp32") return o;
   o.kv = KvDtype::kF16;
   if (precision == "auto") {
-    // Prefill gains from bf16 only where the CPU multiplies bf16 in hardware. Decode: 1-3 rows
-    // take int16 activations (about twice as fast as fp32 per weight block, so one core keeps up
-    // with DRAM, and with 2^-16 of a block's range as x's error); 4-8 rows the bf16 GEMV, which
-    // shares each block's conversion among the rows (with the bf16 GEMM's rounding); larger
-    // batches the bf16 GEMM. Without bf16 hardware, int16 up to 12 rows and the fp32 tile GEMV
-    // from 13 to 64 (see kTileGemvMinRows).
-    if (bf16_hw) o.gemm = GemmPrecision::kBF16;
-    o.gemv = f.avx512bf16 ? GemvMode::kBf16 : GemvMode::kInt16;
+    // Prefill gains from bf16 only where the CPU multiplies bf16 fast: AMX, or AVX512_BF16 dot
+    // products at least at the fp32 FMAs' rate (bf16_dot_fast; Intel's run at half of it, so
+    // there, without AMX, oneDNN's fp32 GEMM is 1.8x its bf16 one). Decode: 1-3 rows take int16
+    // activations (about twice as fast as fp32 per weight block, so one core keeps up with DRAM,
+    // and with 2^-16 of a block's range as x's error); 4-8 rows the bf16 GEMV where bf16 dots
+    // are fast, which shares each block's conversion among the rows (with the bf16 GEMM's
+    // rounding); larger batches the bf16 GEMM. With AMX but slow bf16 dots, int16 in the
+    // GEMV's place (1.8x the bf16 GEMV at 4 rows on such a core). Without either, int16 up to
+    // 12 rows and the fp32 tile GEMV from 13 to 64 (see kTileGemvMinRows).
+    const bool bf16_dot = f.avx512bf16 && f.bf16_dot_fast;
+    if (f.amx_bf16 || bf16_dot) o.gemm = GemmPrecision::kBF16;
+    o.gemv = bf16_dot ? GemvMode::kBf16 : GemvMode::kInt16;
     o.gemv_few_rows = GemvMode::kInt16;
-    if (bf16_hw) {
+    if (f.amx_bf16 || bf16_dot) {
       o.gemv_max_rows = kBf16GemvMaxRows;
       if (f.avx512bf16) o.gemv_max_rows_kquant = kBf16GemvMaxRowsKQuant;
     } else if (ActiveIsa() >= IsaLevel::kAvx2) {

@@ -33,6 +33,7 @@ CpuFeatures Detect() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
   const unsigned max_leaf = a;
+  const bool intel = b == 0x756e6547 && d == 0x49656e69 && c == 0x6c65746e;  // "GenuineIntel"
   if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
   const bool osxsave = (c >> 27) & 1;
   const bool avx = (c >> 28) & 1;
@@ -61,6 +62,7 @@ CpuFeatures Detect() {
     f.avx512vnni = (c7 >> 11) & 1;
     f.avx512fp16 = (d7 >> 23) & 1;
     f.avx512bf16 = (a71 >> 5) & 1;
+    f.bf16_dot_fast = f.avx512bf16 && !intel;
   }
   const bool cpu_amx = ((d7 >> 24) & 1) && ((d7 >> 22) & 1);  // AMX-TILE and AMX-BF16
   if (cpu_amx && os_amx && f.avx512f) {

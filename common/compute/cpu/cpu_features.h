@@ -12,6 +12,10 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512vnni = false, avx512bf16 = false, avx512fp16 = false;
   bool amx_tile = false, amx_bf16 = false, amx_int8 = false;  // true only if the OS granted AMX
+  // AVX512_BF16's dot products at least as fast as fp32 FMAs, so that bf16 GEMMs and GEMVs pay:
+  // AMD's cores (Zen 4, Zen 5) run vdpbf16ps at twice their FMA rate, Intel's at half (their
+  // bf16 speed is AMX); docs/cpu-kernels.md, "bf16 dot products on Intel without AMX".
+  bool bf16_dot_fast = false;
 };
 
 enum class IsaLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2, kAmx = 3 };

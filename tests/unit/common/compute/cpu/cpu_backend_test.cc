@@ -69,7 +69,13 @@ TEST(CpuBackendTest, PrecisionNamesPickTheirGemvModes) {
   EXPECT_EQ(i8.gemv_few_rows, GemvMode::kInt8);
   const CpuBackendOptions aut = *CpuOptionsForPrecision("auto");
   EXPECT_EQ(aut.gemv_few_rows, GemvMode::kInt16);
-  EXPECT_EQ(aut.gemv, GetCpuFeatures().avx512bf16 ? GemvMode::kBf16 : GemvMode::kInt16);
+  // bf16 GEMVs and GEMMs only where bf16 products are fast (AMX for the GEMM; AVX512_BF16 dots
+  // at the fp32 FMAs' rate for both): on an Intel core without AMX, fp32 and int16.
+  const CpuFeatures& cpu = GetCpuFeatures();
+  EXPECT_TRUE(!cpu.bf16_dot_fast || cpu.avx512bf16);
+  EXPECT_EQ(aut.gemv, cpu.bf16_dot_fast ? GemvMode::kBf16 : GemvMode::kInt16);
+  EXPECT_EQ(aut.gemm,
+            cpu.bf16_dot_fast || cpu.amx_bf16 ? GemmPrecision::kBF16 : GemmPrecision::kF32);
   EXPECT_EQ(aut.kv, KvDtype::kF16);
   // Without bf16 hardware (here: under an AVX2 cap) auto takes the fp32 tile GEMV for larger
   // batches, instead of oneDNN's fp32 GEMM up to 64 rows; int16 and fp32 never do.
@@ -83,8 +89,10 @@ TEST(CpuBackendTest, PrecisionNamesPickTheirGemvModes) {
   }
   SetIsaCap(IsaLevel::kAmx);
   EXPECT_EQ(fp32.gemv_tile_min_rows, 0);
-  if (GetCpuFeatures().avx512bf16) {
+  if (cpu.bf16_dot_fast || cpu.amx_bf16) {
     EXPECT_EQ(aut.gemv_tile_min_rows, 0);
+  } else if (ActiveIsa() >= IsaLevel::kAvx2) {
+    EXPECT_GT(aut.gemv_tile_min_rows, kBf16MinRows);
   }
   const absl::StatusOr<CpuBackendOptions> bad = CpuOptionsForPrecision("int4");
   ASSERT_FALSE(bad.ok());
