@@ -57,7 +57,7 @@ ABSL_FLAG(std::string, backend, "cpu",
           "GPU's, to test those paths without one)");
 ABSL_FLAG(std::string, precision, "auto",
           "fp32 (exact path) | bf16 | int16 | int8 (reduced precision) | auto (bf16 GEMMs if the "
-          "CPU has them, int16 GEMVs for 1-3 rows)");
+          "CPU multiplies bf16 fast, int16 GEMVs for 1-3 rows)");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "KV cache element type: auto (f32 for fp32, else f16) | f32 | f16 | bf16 | q8_0");
 ABSL_FLAG(int, chunk, tripod::SessionOptions{}.prefill_chunk,

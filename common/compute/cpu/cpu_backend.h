@@ -41,9 +41,10 @@ struct CpuBackendOptions {
 //          AVX512_BF16 (else fp32), f16 KV;
 //  "int8": fp32 prefill GEMMs, int8-activation decode GEMVs, f16 KV;
 //  "int16": fp32 prefill GEMMs, int16-activation decode GEMVs, f16 KV;
-//  "auto": bf16 GEMMs where the CPU multiplies bf16 in hardware; decode GEMVs of 1-3 rows with
-//          int16 activations, of more rows in bf16 where the CPU has AVX512_BF16; without bf16
-//          hardware int16 up to 12 rows and the fp32 tile (kF32Tile) from 13 to 64; f16 KV.
+//  "auto": bf16 GEMMs where the CPU multiplies bf16 fast (AMX, or CpuFeatures::bf16_dot_fast);
+//          decode GEMVs of 1-3 rows with int16 activations, of more rows in bf16 where the dots
+//          are fast; else int16 (up to the GEMM's rows with AMX; without it up to 12 rows and
+//          the fp32 tile (kF32Tile) from 13 to 64); f16 KV.
 absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precision);
 
 std::unique_ptr<Backend> MakeCpuBackend(const CpuBackendOptions& options);
