@@ -8,8 +8,8 @@ took 7.5 minutes of CI on an AVX2 machine: docs/benchmarks.md, "Test settings").
 position of every window, `tripod logits --all` in each precision (and `auto` prefilled 3 tokens
 at a time, which takes the decode-sized GEMVs); the top-1 tokens must agree at >= 99% of
 positions (>= 97% for the opt-in q8_0 KV cache, >= 98.5% for the opt-in bf16 one and for the
-forced bf16 path, which "auto" takes only where bf16 products are fast and then meets 99%). The fp32
-path's mean NLL of the text is checked too, so that two equally broken paths cannot agree.
+forced bf16 path, which "auto" takes only where bf16 products are fast and then meets 99%). The
+fp32 path's mean NLL of the text is checked too, so that two equally broken paths cannot agree.
 """
 
 import time
@@ -53,11 +53,11 @@ def main():
   model = H.model_path()
   ids = prompts.corpus_ids(model, WINDOWS * WINDOW + 1)
   vocab = len(ref_tokenizer.load(model)[1]["tokens"])
-  # The reduced paths that claim the bar: "auto" (the default: bf16 GEMMs where the CPU has
-  # them, f16 KV), "auto" fed 3 tokens at a time (every matrix through the decode-sized GEMVs:
-  # int16 activations below 4 rows, and attention through the decode kernel) and "bf16" where
-  # the CPU can run it (else noted; its own bar, above). The opt-in "int8" path does not claim it (see
-  # test_forward_reference.py); the opt-in KV types have bars of their own.
+  # The reduced paths that claim the bar: "auto" (the default: bf16 GEMMs where bf16 products
+  # are fast, f16 KV), "auto" fed 3 tokens at a time (every matrix through the decode-sized
+  # GEMVs: int16 activations below 4 rows, and attention through the decode kernel). "bf16"
+  # where the CPU can run it (else noted) has its own bar, above; the opt-in "int8" path claims
+  # none (see test_forward_reference.py); the opt-in KV types have bars of their own.
   # (label, precision, prefill chunk, KV cache type, bar)
   modes = [("auto", "auto", None, None, MIN_AGREEMENT),
            ("auto chunk 3", "auto", 3, None, MIN_AGREEMENT),

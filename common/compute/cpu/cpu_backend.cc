@@ -520,11 +520,12 @@ absl::StatusOr<CpuBackendOptions> CpuOptionsForPrecision(std::string_view precis
     // rounding); larger batches the bf16 GEMM. With AMX but slow bf16 dots, int16 in the
     // GEMV's place (1.8x the bf16 GEMV at 4 rows on such a core). Without either, int16 up to
     // 12 rows and the fp32 tile GEMV from 13 to 64 (see kTileGemvMinRows).
-    const bool bf16_dot = f.avx512bf16 && f.bf16_dot_fast;
-    if (f.amx_bf16 || bf16_dot) o.gemm = GemmPrecision::kBF16;
+    const bool bf16_dot = f.avx512bf16 && f.bf16_dot_fast;  // under the ISA cap
+    const bool bf16_gemm = f.amx_bf16 || bf16_dot;
+    if (bf16_gemm) o.gemm = GemmPrecision::kBF16;
     o.gemv = bf16_dot ? GemvMode::kBf16 : GemvMode::kInt16;
     o.gemv_few_rows = GemvMode::kInt16;
-    if (f.amx_bf16 || bf16_dot) {
+    if (bf16_gemm) {
       o.gemv_max_rows = kBf16GemvMaxRows;
       if (f.avx512bf16) o.gemv_max_rows_kquant = kBf16GemvMaxRowsKQuant;
     } else if (ActiveIsa() >= IsaLevel::kAvx2) {
